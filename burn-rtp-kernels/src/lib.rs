@@ -1,0 +1,14 @@
+//! The per-step compute of a rotation: one GEMM against the shard on hand, fused with the
+//! column bookkeeping around it.
+//!
+//! Each kernel lives in its own folder under [`kernel`]. The functions here are the generic
+//! compositions of the inner backend's ops that every backend can run (NdArray included);
+//! cube backends get fused `#[cube]` versions beside them.
+
+pub mod kernel;
+
+pub use kernel::columns::{assemble_columns, column_slice};
+pub use kernel::embedding::{accumulate_embedding_grad, embedding_columns};
+pub use kernel::linear::{
+    accumulate_bias_grad, accumulate_weight_grad, accumulate_x_grad, linear_columns,
+};

@@ -1,0 +1,187 @@
+//! Collectives built from the transport's point-to-point sends: gather a shard into the full
+//! tensor, and all-reduce small host vectors. Every rank sums in rank order, so all ranks get
+//! bit-identical results, which keeps replicated values replicated.
+
+use crate::tensor::{Layout, RtpTensor};
+use crate::transport::{BufferKind, Header, Payload};
+use crate::world::RankCtx;
+use burn::tensor::backend::Backend;
+use burn::tensor::{try_read_sync, Shape, TensorData, TensorMetadata};
+use std::sync::Arc;
+
+/// Reads an inner tensor to the host.
+pub(crate) fn read_host<B: Backend>(t: B::FloatTensorPrimitive) -> TensorData {
+    try_read_sync(B::float_into_data(t))
+        .expect("blocking reads are supported on native targets")
+        .expect("reading a tensor from the inner backend failed")
+}
+
+/// Wraps an inner tensor as a payload for this transport.
+pub(crate) fn to_payload<B: Backend>(
+    ctx: &RankCtx<B>,
+    t: B::FloatTensorPrimitive,
+) -> Payload<B::FloatTensorPrimitive> {
+    match ctx.transport.buffer_kind() {
+        BufferKind::Device => Payload::Device(t),
+        BufferKind::Host => Payload::Host(read_host::<B>(t)),
+    }
+}
+
+/// Turns a received payload into an inner tensor on this rank's device.
+pub(crate) fn from_payload<B: Backend>(
+    ctx: &RankCtx<B>,
+    p: Payload<B::FloatTensorPrimitive>,
+) -> B::FloatTensorPrimitive {
+    match p {
+        Payload::Device(t) => t,
+        Payload::Host(data) => B::float_from_data(data, &ctx.inner),
+    }
+}
+
+/// Sends an inner tensor and waits until the buffer may be reused.
+pub(crate) fn send<B: Backend>(
+    ctx: &RankCtx<B>,
+    to: usize,
+    header: Header,
+    t: B::FloatTensorPrimitive,
+) {
+    let payload = to_payload(ctx, t);
+    let handle = ctx.check(ctx.transport.isend(to, header, payload));
+    ctx.check(handle.wait());
+}
+
+/// Receives an inner tensor.
+pub(crate) fn recv<B: Backend>(
+    ctx: &RankCtx<B>,
+    from: usize,
+    expect: Header,
+) -> B::FloatTensorPrimitive {
+    let handle = ctx.check(ctx.transport.irecv(from, expect));
+    let payload = ctx.check(handle.wait());
+    from_payload(ctx, payload)
+}
+
+/// The full tensor of a sharded one, identical on every rank.
+pub(crate) fn all_gather<B: Backend>(t: &RtpTensor<B>, op: &'static str) -> B::FloatTensorPrimitive {
+    let Layout::Sharded(spec) = &t.layout else {
+        return t.inner.clone();
+    };
+    let ctx = &t.ctx;
+    let seq = ctx.next_seq();
+    let (rank, n) = (ctx.rank, ctx.world_size);
+    if n == 1 {
+        return t.inner.clone();
+    }
+    let header = |part: usize| Header {
+        seq,
+        op,
+        part,
+        shape: spec.shard_shape(part).to_vec(),
+    };
+    for step in 1..n {
+        send(ctx, (rank + step) % n, header(rank), t.inner.clone());
+    }
+    let mut parts = Vec::with_capacity(n);
+    for src in 0..n {
+        if src == rank {
+            parts.push(t.inner.clone());
+        } else {
+            let shard = recv(ctx, src, header(src));
+            ctx.check(check_shape::<B>(ctx, src, op, seq, &shard, &spec.shard_shape(src)));
+            parts.push(shard);
+        }
+    }
+    let last = spec.full.num_dims() - 1;
+    burn_rtp_kernels::assemble_columns::<B>(parts, last)
+}
+
+fn check_shape<B: Backend>(
+    ctx: &RankCtx<B>,
+    peer: usize,
+    op: &str,
+    seq: u64,
+    t: &B::FloatTensorPrimitive,
+    expected: &Shape,
+) -> crate::RtpResult<()> {
+    if &t.shape() == expected {
+        Ok(())
+    } else {
+        Err(crate::RtpError::Desync {
+            rank: ctx.rank,
+            peer,
+            op: op.to_string(),
+            seq,
+            expected: format!("shape {:?}", expected.to_vec()),
+            got: format!("shape {:?}", t.shape().to_vec()),
+        })
+    }
+}
+
+/// Sums a host vector over all ranks; every rank gets the same bits.
+pub(crate) fn all_reduce_sum_host<B: Backend>(
+    ctx: &RankCtx<B>,
+    op: &'static str,
+    values: Vec<f32>,
+) -> Vec<f32> {
+    let (rank, n) = (ctx.rank, ctx.world_size);
+    if n == 1 {
+        return values;
+    }
+    let seq = ctx.next_seq();
+    let len = values.len();
+    let header = |part: usize| Header {
+        seq,
+        op,
+        part,
+        shape: vec![len],
+    };
+    let data = TensorData::new(values.clone(), [len]);
+    for step in 1..n {
+        let handle = ctx.check(ctx.transport.isend(
+            (rank + step) % n,
+            header(rank),
+            Payload::Host(data.clone()),
+        ));
+        ctx.check(handle.wait());
+    }
+    let mut sum = vec![0f32; len];
+    for src in 0..n {
+        let contribution = if src == rank {
+            values.clone()
+        } else {
+            let handle = ctx.check(ctx.transport.irecv(src, header(src)));
+            match ctx.check(handle.wait()) {
+                Payload::Host(d) => d.convert::<f32>().into_vec::<f32>().unwrap(),
+                Payload::Device(t) => read_host::<B>(t).convert::<f32>().into_vec::<f32>().unwrap(),
+            }
+        };
+        for (s, c) in sum.iter_mut().zip(contribution) {
+            *s += c;
+        }
+    }
+    sum
+}
+
+/// Sums an inner tensor over all ranks (through the host; used for small tensors only).
+pub(crate) fn all_reduce_sum<B: Backend>(
+    ctx: &Arc<RankCtx<B>>,
+    op: &'static str,
+    t: B::FloatTensorPrimitive,
+) -> B::FloatTensorPrimitive {
+    if ctx.world_size == 1 {
+        return t;
+    }
+    let dtype = t.dtype();
+    let shape = t.shape();
+    let values = read_host::<B>(t).convert::<f32>().into_vec::<f32>().unwrap();
+    let sum = all_reduce_sum_host(ctx, op, values);
+    B::float_from_data(
+        TensorData::new(sum, shape).convert_dtype(dtype),
+        &ctx.inner,
+    )
+}
+
+/// Blocks until every rank reaches the same barrier.
+pub(crate) fn barrier<B: Backend>(ctx: &RankCtx<B>) {
+    all_reduce_sum_host(ctx, "barrier", Vec::new());
+}

@@ -1,0 +1,87 @@
+//! Configuration of an RTP world.
+
+use std::time::Duration;
+
+/// How weight shards travel around the ring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RotationMode {
+    /// Double-buffered: the next shard is received while the current one computes.
+    #[default]
+    OutOfPlace,
+    /// Single buffer: compute, then swap the buffer with the neighbours. Less memory, less overlap.
+    InPlace,
+}
+
+impl std::str::FromStr for RotationMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "out-of-place" | "outofplace" | "oop" => Ok(Self::OutOfPlace),
+            "in-place" | "inplace" => Ok(Self::InPlace),
+            other => Err(format!(
+                "unknown rotation mode `{other}`: expected `out-of-place` or `in-place`"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for RotationMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::OutOfPlace => "out-of-place",
+            Self::InPlace => "in-place",
+        })
+    }
+}
+
+/// Settings shared by every rank of a world.
+#[derive(Debug, Clone)]
+pub struct RtpConfig {
+    /// Number of ranks.
+    pub world_size: usize,
+    /// Rotation variant.
+    pub rotation: RotationMode,
+    /// Parameters with fewer elements than this stay replicated instead of sharded.
+    pub shard_threshold: usize,
+    /// How long a rank waits for a silent peer before failing.
+    pub peer_timeout: Duration,
+    /// Whether ops without a shard-wise rule gather their operands (otherwise they fail).
+    pub gather_fallback: bool,
+}
+
+impl RtpConfig {
+    /// A world of `world_size` ranks with the default settings.
+    pub fn new(world_size: usize) -> Self {
+        Self {
+            world_size,
+            rotation: RotationMode::OutOfPlace,
+            shard_threshold: 0,
+            peer_timeout: Duration::from_secs(120),
+            gather_fallback: true,
+        }
+    }
+
+    /// Sets the rotation variant.
+    pub fn with_rotation(mut self, rotation: RotationMode) -> Self {
+        self.rotation = rotation;
+        self
+    }
+
+    /// Sets the element count below which parameters stay replicated.
+    pub fn with_shard_threshold(mut self, elements: usize) -> Self {
+        self.shard_threshold = elements;
+        self
+    }
+
+    /// Sets how long a rank waits for a silent peer.
+    pub fn with_peer_timeout(mut self, timeout: Duration) -> Self {
+        self.peer_timeout = timeout;
+        self
+    }
+
+    /// Enables or disables the gather fallback for ops without a shard-wise rule.
+    pub fn with_gather_fallback(mut self, enabled: bool) -> Self {
+        self.gather_fallback = enabled;
+        self
+    }
+}

@@ -1,0 +1,104 @@
+//! The device of one rank: its place in the world and the inner backend's device.
+
+use crate::accounting::MemoryStats;
+use crate::world::{device_from_index, solo_device, RankCtx};
+use burn::tensor::backend::{Backend, DeviceId, DeviceOps};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// A rank of an RTP world, usable wherever Burn wants a device.
+pub struct RtpDevice<B: Backend> {
+    pub(crate) ctx: Arc<RankCtx<B>>,
+}
+
+impl<B: Backend> Clone for RtpDevice<B> {
+    fn clone(&self) -> Self {
+        Self {
+            ctx: self.ctx.clone(),
+        }
+    }
+}
+
+impl<B: Backend> PartialEq for RtpDevice<B> {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.ctx, &other.ctx)
+    }
+}
+
+impl<B: Backend> Eq for RtpDevice<B> {}
+
+impl<B: Backend> std::fmt::Debug for RtpDevice<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RtpDevice({:?})", self.ctx)
+    }
+}
+
+impl<B: Backend> Default for RtpDevice<B> {
+    fn default() -> Self {
+        solo_device::<B>()
+    }
+}
+
+impl<B: Backend> burn::tensor::backend::Device for RtpDevice<B> {
+    fn from_id(device_id: DeviceId) -> Self {
+        device_from_index::<B>(device_id.index_id).unwrap_or_else(|| {
+            panic!("no live RTP rank has device id {device_id}; it belonged to a world that ended")
+        })
+    }
+
+    fn to_id(&self) -> DeviceId {
+        DeviceId {
+            type_id: 0x52_54,
+            index_id: self.ctx.index_id,
+        }
+    }
+}
+
+impl<B: Backend> DeviceOps for RtpDevice<B> {}
+
+impl<B: Backend> RtpDevice<B> {
+    /// This rank's index.
+    pub fn rank(&self) -> usize {
+        self.ctx.rank
+    }
+
+    /// Number of ranks in the world.
+    pub fn world_size(&self) -> usize {
+        self.ctx.world_size
+    }
+
+    /// The inner backend's device this rank computes on.
+    pub fn inner_device(&self) -> &B::Device {
+        &self.ctx.inner
+    }
+
+    /// Bytes this rank holds now, by category.
+    pub fn memory_live(&self) -> MemoryStats {
+        self.ctx.ledger.live()
+    }
+
+    /// Highest bytes this rank held since the last [`reset_memory_peak`](Self::reset_memory_peak).
+    pub fn memory_peak(&self) -> MemoryStats {
+        self.ctx.ledger.peak()
+    }
+
+    /// Starts a new peak window.
+    pub fn reset_memory_peak(&self) {
+        self.ctx.ledger.reset_peak()
+    }
+
+    /// How often each op without a shard-wise rule gathered its operands on this rank.
+    pub fn gather_fallbacks(&self) -> BTreeMap<String, u64> {
+        self.ctx.fallback_counts()
+    }
+
+    /// Blocks until every rank of the world reaches this call.
+    pub fn barrier(&self) {
+        crate::collectives::barrier(&self.ctx)
+    }
+
+    /// The configuration of the world.
+    pub fn config(&self) -> &crate::RtpConfig {
+        &self.ctx.config
+    }
+}

@@ -1,0 +1,131 @@
+//! Typed errors that callers of burn-rtp can act on.
+
+use thiserror::Error;
+
+/// Everything that can go wrong in an RTP world, with the rank that saw it.
+#[derive(Debug, Error, Clone, PartialEq)]
+pub enum RtpError {
+    /// A world must have at least one rank.
+    #[error("invalid world size 0: an RTP world needs at least one rank")]
+    EmptyWorld,
+    /// A rank index was given that does not exist in the world.
+    #[error("rank {rank} is outside a world of {world_size} ranks (valid ranks are 0..{world_size})")]
+    RankOutOfRange {
+        /// The offending rank index.
+        rank: usize,
+        /// The number of ranks in the world.
+        world_size: usize,
+    },
+    /// Two ranks disagree on the op sequence or on a shape: their programs diverged.
+    #[error(
+        "rank {rank}: desynchronised with rank {peer} in op `{op}` (collective #{seq}): expected {expected}, got {got}"
+    )]
+    Desync {
+        /// The rank that detected the mismatch.
+        rank: usize,
+        /// The peer whose message did not match.
+        peer: usize,
+        /// The op the detecting rank was running.
+        op: String,
+        /// The detecting rank's collective sequence number.
+        seq: u64,
+        /// What the detecting rank expected.
+        expected: String,
+        /// What the peer sent.
+        got: String,
+    },
+    /// Another rank failed, so this rank stopped waiting for it.
+    #[error("rank {rank}: op `{op}` aborted because rank {failed_rank} failed: {reason}")]
+    PeerFailed {
+        /// The rank that gave up.
+        rank: usize,
+        /// The op it was running.
+        op: String,
+        /// The rank that failed first.
+        failed_rank: usize,
+        /// Why that rank failed.
+        reason: String,
+    },
+    /// A peer finished its program while this rank still expected messages from it.
+    #[error("rank {rank}: op `{op}` waits for rank {peer}, which has already finished its program")]
+    PeerExited {
+        /// The waiting rank.
+        rank: usize,
+        /// The op it was running.
+        op: String,
+        /// The peer that exited.
+        peer: usize,
+    },
+    /// A peer sent nothing within the configured timeout.
+    #[error("rank {rank}: op `{op}` timed out after {secs:.1} s waiting for rank {peer}")]
+    Timeout {
+        /// The waiting rank.
+        rank: usize,
+        /// The op it was running.
+        op: String,
+        /// The silent peer.
+        peer: usize,
+        /// How long it waited.
+        secs: f64,
+    },
+    /// A rank's program panicked or returned an error.
+    #[error("rank {rank} failed: {reason}")]
+    RankFailed {
+        /// The rank that failed first.
+        rank: usize,
+        /// Its panic message or error.
+        reason: String,
+    },
+    /// A sharded tensor met a full-size local tensor in a way that has no safe meaning.
+    #[error("rank {rank}: op `{op}` mixes a {layout} tensor of shape {shape:?} with a full-size local tensor of the same shape. {hint}")]
+    AmbiguousMix {
+        /// The rank that saw it.
+        rank: usize,
+        /// The op.
+        op: String,
+        /// The layout of the non-local operand.
+        layout: String,
+        /// The common logical shape.
+        shape: Vec<usize>,
+        /// What to do about it.
+        hint: String,
+    },
+    /// An op has no shard-wise rule and gathering was disabled.
+    #[error("rank {rank}: op `{op}` has no shard-wise rule for shapes {shapes:?} and gather fallback is disabled")]
+    NoShardRule {
+        /// The rank that saw it.
+        rank: usize,
+        /// The op.
+        op: String,
+        /// The logical shapes of the operands.
+        shapes: Vec<Vec<usize>>,
+    },
+    /// A tensor was moved to a device of another rank or world.
+    #[error("rank {rank}: cannot move a tensor to {target}; tensors never cross ranks")]
+    CrossRank {
+        /// The rank that owns the tensor.
+        rank: usize,
+        /// The target device.
+        target: String,
+    },
+    /// The transport failed.
+    #[error("rank {rank}: transport failure in `{op}`: {reason}")]
+    Transport {
+        /// The rank that saw it.
+        rank: usize,
+        /// The op.
+        op: String,
+        /// The transport's message.
+        reason: String,
+    },
+}
+
+/// Result alias for burn-rtp.
+pub type RtpResult<T> = Result<T, RtpError>;
+
+/// Raises an error from inside a backend op, where Burn's signatures allow no `Result`.
+///
+/// The launcher turns the panic back into an [`RtpError`] for the caller.
+pub(crate) fn raise(err: RtpError) -> ! {
+    std::panic::panic_any(err)
+}

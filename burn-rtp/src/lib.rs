@@ -1,0 +1,29 @@
+#![doc = include_str!("../README.md")]
+#![warn(missing_docs)]
+
+mod accounting;
+mod backend;
+mod collectives;
+mod config;
+mod consolidate;
+mod device;
+mod error;
+mod launch;
+mod ops;
+mod optim;
+pub mod rotation;
+pub mod sharding;
+mod tensor;
+pub mod transport;
+mod world;
+
+pub use accounting::{human_bytes, Category, Ledger, MemoryStats};
+pub use backend::Rtp;
+pub use config::{RotationMode, RtpConfig};
+pub use consolidate::{consolidate, gather_module};
+pub use device::RtpDevice;
+pub use error::{RtpError, RtpResult};
+pub use launch::{check_rank, launch, try_launch, try_launch_on};
+pub use optim::{sync_gradients, RtpOptimizer};
+pub use tensor::{Layout, RtpTensor};
+pub use world::{enter_rank, register_device, RankGuard};

@@ -1,0 +1,471 @@
+//! Module ops: where parameters meet activations. Linear and embedding rotate their shards
+//! (see [`crate::rotation`]); every other module op gathers sharded operands and forwards.
+
+use super::{full_inner, gathered, Float};
+use crate::backend::Rtp;
+use crate::rotation::{reduce_scatter, rotate};
+use crate::sharding::{is_sharded_param, ShardSpec};
+use crate::tensor::{Layout, RtpTensor};
+use crate::world::RankCtx;
+use burn::tensor::backend::Backend;
+use burn::tensor::ops::*;
+use burn::tensor::{Scalar, Shape, TensorMetadata};
+use burn_rtp_kernels as kernels;
+use std::sync::Arc;
+
+fn local<B: Backend>(ctx: &Arc<RankCtx<B>>, inner: Float<B>) -> RtpTensor<B> {
+    RtpTensor::new(ctx.clone(), inner, Layout::Local)
+}
+
+fn opt_full<B: Backend>(t: Option<RtpTensor<B>>, op: &'static str) -> Option<Float<B>> {
+    t.map(|t| full_inner(t, op))
+}
+
+/// Averages a reduced gradient over ranks: each rank's loss is a mean over its own batch,
+/// so the data-parallel gradient is the mean of the per-rank gradients.
+fn mean_over_ranks<B: Backend>(ctx: &RankCtx<B>, g: Float<B>) -> Float<B> {
+    if ctx.world_size == 1 {
+        g
+    } else {
+        B::float_mul_scalar(g, Scalar::Float(1.0 / ctx.world_size as f64))
+    }
+}
+
+/// Placement of a parameter gradient of `shape`: the same policy that placed the parameter.
+fn grad_spec<B: Backend>(ctx: &RankCtx<B>, shape: Shape) -> Option<ShardSpec> {
+    is_sharded_param(&shape, ctx.world_size, ctx.config.shard_threshold).then(|| ShardSpec {
+        full: shape,
+        world: ctx.world_size,
+    })
+}
+
+fn last(s: &Shape) -> usize {
+    s[s.num_dims() - 1]
+}
+
+/// Reshapes a `[d]` vector so that it broadcasts over a tensor of `ndims` dimensions.
+fn broadcastable<B: Backend>(v: Float<B>, ndims: usize) -> Float<B> {
+    let d = v.shape().num_elements();
+    let mut dims = vec![1; ndims - 1];
+    dims.push(d);
+    B::float_reshape(v, Shape::from(dims))
+}
+
+impl<B: Backend> ModuleOps<Self> for Rtp<B> {
+    fn embedding(weights: FloatTensor<Self>, indices: IntTensor<Self>) -> FloatTensor<Self> {
+        let ctx = weights.ctx.clone();
+        let Layout::Sharded(spec) = weights.layout.clone() else {
+            let w = full_inner(weights, "embedding");
+            return local(&ctx, B::embedding(w, indices));
+        };
+        let rows = spec.full[0];
+        let mut parts: Vec<Option<Float<B>>> = vec![None; ctx.world_size];
+        rotate(
+            &ctx,
+            "embedding.forward",
+            vec![weights.inner.clone()],
+            |j| vec![vec![rows, spec.range(j).len]],
+            |j, shard| {
+                parts[j] = Some(kernels::embedding_columns::<B>(shard[0].clone(), indices.clone()));
+            },
+        );
+        let parts: Vec<Float<B>> = parts.into_iter().map(|p| p.expect("every shard visited")).collect();
+        let dim = parts[0].shape().num_dims() - 1;
+        local(&ctx, kernels::assemble_columns::<B>(parts, dim))
+    }
+
+    fn embedding_backward(
+        weights: FloatTensor<Self>,
+        output_grad: FloatTensor<Self>,
+        indices: IntTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let ctx = weights.ctx.clone();
+        let Layout::Sharded(spec) = weights.layout.clone() else {
+            let w = full_inner(weights, "embedding_backward");
+            let dy = full_inner(output_grad, "embedding_backward");
+            return local(&ctx, B::embedding_backward(w, dy, indices));
+        };
+        let rows = spec.full[0];
+        let dy = full_inner(output_grad, "embedding_backward");
+        let mut own = reduce_scatter(
+            &ctx,
+            "embedding.backward",
+            |j| vec![vec![rows, spec.range(j).len]],
+            |j| {
+                let range = spec.range(j);
+                let dy_j = kernels::column_slice::<B>(dy.clone(), range.start, range.len);
+                vec![kernels::accumulate_embedding_grad::<B>(None, rows, dy_j, indices.clone())]
+            },
+        );
+        let g = mean_over_ranks(&ctx, own.remove(0));
+        RtpTensor::new(ctx, g, Layout::Sharded(spec))
+    }
+
+    fn linear(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+    ) -> FloatTensor<Self> {
+        let ctx = x.ctx.clone();
+        let Layout::Sharded(spec) = weight.layout.clone() else {
+            let x = full_inner(x, "linear");
+            let w = full_inner(weight, "linear");
+            let b = opt_full(bias, "linear");
+            return local(&ctx, B::linear(x, w, b));
+        };
+        let x = full_inner(x, "linear");
+        let ndims = x.shape().num_dims();
+        let d_in = spec.full[0];
+        // A bias split like the weight travels with it; any other bias is added at the end.
+        let (bundle, late_bias) = match bias {
+            Some(b) if matches!(&b.layout, Layout::Sharded(bs) if bs.last() == spec.last()) => {
+                (vec![weight.inner.clone(), b.inner.clone()], None)
+            }
+            Some(b) => (vec![weight.inner.clone()], Some(full_inner(b, "linear"))),
+            None => (vec![weight.inner.clone()], None),
+        };
+        let with_bias = bundle.len() == 2;
+        let mut parts: Vec<Option<Float<B>>> = vec![None; ctx.world_size];
+        rotate(
+            &ctx,
+            "linear.forward",
+            bundle,
+            |j| {
+                let len = spec.range(j).len;
+                let mut shapes = vec![vec![d_in, len]];
+                if with_bias {
+                    shapes.push(vec![len]);
+                }
+                shapes
+            },
+            |j, shard| {
+                let b = shard.get(1).cloned();
+                parts[j] = Some(kernels::linear_columns::<B>(x.clone(), shard[0].clone(), b));
+            },
+        );
+        let parts: Vec<Float<B>> = parts.into_iter().map(|p| p.expect("every shard visited")).collect();
+        let mut y = kernels::assemble_columns::<B>(parts, ndims - 1);
+        if let Some(b) = late_bias {
+            y = B::float_add(y, broadcastable::<B>(b, ndims));
+        }
+        local(&ctx, y)
+    }
+
+    fn linear_x_backward(weight: FloatTensor<Self>, output_grad: FloatTensor<Self>) -> FloatTensor<Self> {
+        let ctx = weight.ctx.clone();
+        let Layout::Sharded(spec) = weight.layout.clone() else {
+            let w = full_inner(weight, "linear_x_backward");
+            let dy = full_inner(output_grad, "linear_x_backward");
+            return local(&ctx, B::linear_x_backward(w, dy));
+        };
+        let dy = full_inner(output_grad, "linear_x_backward");
+        let d_in = spec.full[0];
+        let mut acc: Option<Float<B>> = None;
+        rotate(
+            &ctx,
+            "linear.backward_x",
+            vec![weight.inner.clone()],
+            |j| vec![vec![d_in, spec.range(j).len]],
+            |j, shard| {
+                let range = spec.range(j);
+                let dy_j = kernels::column_slice::<B>(dy.clone(), range.start, range.len);
+                acc = Some(kernels::accumulate_x_grad::<B>(acc.take(), shard[0].clone(), dy_j));
+            },
+        );
+        local(&ctx, acc.expect("at least one shard"))
+    }
+
+    fn linear_weight_backward(x: FloatTensor<Self>, output_grad: FloatTensor<Self>) -> FloatTensor<Self> {
+        let ctx = x.ctx.clone();
+        let x = full_inner(x, "linear_weight_backward");
+        let dy = full_inner(output_grad, "linear_weight_backward");
+        let shape = Shape::new([last(&x.shape()), last(&dy.shape())]);
+        let Some(spec) = grad_spec(&ctx, shape) else {
+            return local(&ctx, B::linear_weight_backward(x, dy));
+        };
+        let d_in = spec.full[0];
+        let mut own = reduce_scatter(
+            &ctx,
+            "linear.backward_weight",
+            |j| vec![vec![d_in, spec.range(j).len]],
+            |j| {
+                let range = spec.range(j);
+                let dy_j = kernels::column_slice::<B>(dy.clone(), range.start, range.len);
+                vec![kernels::accumulate_weight_grad::<B>(None, x.clone(), dy_j)]
+            },
+        );
+        let g = mean_over_ranks(&ctx, own.remove(0));
+        RtpTensor::new(ctx, g, Layout::Sharded(spec))
+    }
+
+    fn linear_bias_backward(output_grad: FloatTensor<Self>) -> FloatTensor<Self> {
+        let ctx = output_grad.ctx.clone();
+        let dy = full_inner(output_grad, "linear_bias_backward");
+        let Some(spec) = grad_spec(&ctx, Shape::new([last(&dy.shape())])) else {
+            return local(&ctx, B::linear_bias_backward(dy));
+        };
+        let mut own = reduce_scatter(
+            &ctx,
+            "linear.backward_bias",
+            |j| vec![vec![spec.range(j).len]],
+            |j| {
+                let range = spec.range(j);
+                let dy_j = kernels::column_slice::<B>(dy.clone(), range.start, range.len);
+                vec![kernels::accumulate_bias_grad::<B>(None, dy_j)]
+            },
+        );
+        let g = mean_over_ranks(&ctx, own.remove(0));
+        RtpTensor::new(ctx, g, Layout::Sharded(spec))
+    }
+
+    fn conv2d(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        options: ConvOptions<2>,
+    ) -> FloatTensor<Self> {
+        let ctx = x.ctx.clone();
+        let (x, w, b) = (full_inner(x, "conv2d"), full_inner(weight, "conv2d"), opt_full(bias, "conv2d"));
+        local(&ctx, B::conv2d(x, w, b, options))
+    }
+
+    fn deform_conv2d(
+        x: FloatTensor<Self>,
+        offset: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        mask: Option<FloatTensor<Self>>,
+        bias: Option<FloatTensor<Self>>,
+        options: DeformConvOptions<2>,
+    ) -> FloatTensor<Self> {
+        let ctx = x.ctx.clone();
+        let op = "deform_conv2d";
+        let out = B::deform_conv2d(
+            full_inner(x, op),
+            full_inner(offset, op),
+            full_inner(weight, op),
+            opt_full(mask, op),
+            opt_full(bias, op),
+            options,
+        );
+        local(&ctx, out)
+    }
+
+    fn deform_conv2d_backward(
+        x: FloatTensor<Self>,
+        offset: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        mask: Option<FloatTensor<Self>>,
+        bias: Option<FloatTensor<Self>>,
+        output_grad: FloatTensor<Self>,
+        options: DeformConvOptions<2>,
+    ) -> DeformConv2dBackward<Self> {
+        let ctx = x.ctx.clone();
+        let op = "deform_conv2d_backward";
+        let g = B::deform_conv2d_backward(
+            full_inner(x, op),
+            full_inner(offset, op),
+            full_inner(weight, op),
+            opt_full(mask, op),
+            opt_full(bias, op),
+            full_inner(output_grad, op),
+            options,
+        );
+        DeformConv2dBackward::new(
+            local(&ctx, g.x_grad),
+            local(&ctx, g.offset_grad),
+            local(&ctx, g.weight_grad),
+            g.mask_grad.map(|t| local(&ctx, t)),
+            g.bias_grad.map(|t| local(&ctx, t)),
+        )
+    }
+
+    fn conv3d(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        options: ConvOptions<3>,
+    ) -> FloatTensor<Self> {
+        let ctx = x.ctx.clone();
+        let (x, w, b) = (full_inner(x, "conv3d"), full_inner(weight, "conv3d"), opt_full(bias, "conv3d"));
+        local(&ctx, B::conv3d(x, w, b, options))
+    }
+
+    fn conv_transpose2d(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        options: ConvTransposeOptions<2>,
+    ) -> FloatTensor<Self> {
+        let ctx = x.ctx.clone();
+        let op = "conv_transpose2d";
+        let (x, w, b) = (full_inner(x, op), full_inner(weight, op), opt_full(bias, op));
+        local(&ctx, B::conv_transpose2d(x, w, b, options))
+    }
+
+    fn conv_transpose3d(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        options: ConvTransposeOptions<3>,
+    ) -> FloatTensor<Self> {
+        let ctx = x.ctx.clone();
+        let op = "conv_transpose3d";
+        let (x, w, b) = (full_inner(x, op), full_inner(weight, op), opt_full(bias, op));
+        local(&ctx, B::conv_transpose3d(x, w, b, options))
+    }
+
+    fn avg_pool2d(
+        x: FloatTensor<Self>,
+        kernel_size: [usize; 2],
+        stride: [usize; 2],
+        padding: [usize; 2],
+        count_include_pad: bool,
+        ceil_mode: bool,
+    ) -> FloatTensor<Self> {
+        let ctx = x.ctx.clone();
+        let x = full_inner(x, "avg_pool2d");
+        local(&ctx, B::avg_pool2d(x, kernel_size, stride, padding, count_include_pad, ceil_mode))
+    }
+
+    fn avg_pool2d_backward(
+        x: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        kernel_size: [usize; 2],
+        stride: [usize; 2],
+        padding: [usize; 2],
+        count_include_pad: bool,
+        ceil_mode: bool,
+    ) -> FloatTensor<Self> {
+        let ctx = x.ctx.clone();
+        let op = "avg_pool2d_backward";
+        let (x, g) = (full_inner(x, op), full_inner(grad, op));
+        local(
+            &ctx,
+            B::avg_pool2d_backward(x, g, kernel_size, stride, padding, count_include_pad, ceil_mode),
+        )
+    }
+
+    fn adaptive_avg_pool2d(x: FloatTensor<Self>, output_size: [usize; 2]) -> FloatTensor<Self> {
+        let ctx = x.ctx.clone();
+        local(&ctx, B::adaptive_avg_pool2d(full_inner(x, "adaptive_avg_pool2d"), output_size))
+    }
+
+    fn adaptive_avg_pool2d_backward(x: FloatTensor<Self>, grad: FloatTensor<Self>) -> FloatTensor<Self> {
+        let ctx = x.ctx.clone();
+        let op = "adaptive_avg_pool2d_backward";
+        local(&ctx, B::adaptive_avg_pool2d_backward(full_inner(x, op), full_inner(grad, op)))
+    }
+
+    fn max_pool2d(
+        x: FloatTensor<Self>,
+        kernel_size: [usize; 2],
+        stride: [usize; 2],
+        padding: [usize; 2],
+        dilation: [usize; 2],
+        ceil_mode: bool,
+    ) -> FloatTensor<Self> {
+        let ctx = x.ctx.clone();
+        let x = full_inner(x, "max_pool2d");
+        local(&ctx, B::max_pool2d(x, kernel_size, stride, padding, dilation, ceil_mode))
+    }
+
+    fn max_pool2d_with_indices(
+        x: FloatTensor<Self>,
+        kernel_size: [usize; 2],
+        stride: [usize; 2],
+        padding: [usize; 2],
+        dilation: [usize; 2],
+        ceil_mode: bool,
+    ) -> MaxPool2dWithIndices<Self> {
+        let ctx = x.ctx.clone();
+        let x = full_inner(x, "max_pool2d_with_indices");
+        let out = B::max_pool2d_with_indices(x, kernel_size, stride, padding, dilation, ceil_mode);
+        MaxPool2dWithIndices::new(local(&ctx, out.output), out.indices)
+    }
+
+    fn max_pool2d_with_indices_backward(
+        x: FloatTensor<Self>,
+        kernel_size: [usize; 2],
+        stride: [usize; 2],
+        padding: [usize; 2],
+        dilation: [usize; 2],
+        ceil_mode: bool,
+        output_grad: FloatTensor<Self>,
+        indices: IntTensor<Self>,
+    ) -> MaxPool2dBackward<Self> {
+        let ctx = x.ctx.clone();
+        let op = "max_pool2d_with_indices_backward";
+        let out = B::max_pool2d_with_indices_backward(
+            full_inner(x, op),
+            kernel_size,
+            stride,
+            padding,
+            dilation,
+            ceil_mode,
+            full_inner(output_grad, op),
+            indices,
+        );
+        MaxPool2dBackward::new(local(&ctx, out.x_grad))
+    }
+
+    fn interpolate(
+        x: FloatTensor<Self>,
+        output_size: [usize; 2],
+        options: InterpolateOptions,
+    ) -> FloatTensor<Self> {
+        let ctx = x.ctx.clone();
+        local(&ctx, B::interpolate(full_inner(x, "interpolate"), output_size, options))
+    }
+
+    fn interpolate_backward(
+        x: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        output_size: [usize; 2],
+        options: InterpolateOptions,
+    ) -> FloatTensor<Self> {
+        let ctx = x.ctx.clone();
+        let op = "interpolate_backward";
+        local(
+            &ctx,
+            B::interpolate_backward(full_inner(x, op), full_inner(grad, op), output_size, options),
+        )
+    }
+
+    fn attention(
+        query: FloatTensor<Self>,
+        key: FloatTensor<Self>,
+        value: FloatTensor<Self>,
+        mask: Option<BoolTensor<Self>>,
+        attn_bias: Option<FloatTensor<Self>>,
+        options: AttentionModuleOptions,
+    ) -> FloatTensor<Self> {
+        let ctx = query.ctx.clone();
+        let op = "attention";
+        let out = B::attention(
+            full_inner(query, op),
+            full_inner(key, op),
+            full_inner(value, op),
+            mask,
+            opt_full(attn_bias, op),
+            options,
+        );
+        local(&ctx, out)
+    }
+
+    fn rfft(signal: FloatTensor<Self>, dim: usize, n: Option<usize>) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let ctx = signal.ctx.clone();
+        let (re, im) = B::rfft(gathered(signal, "rfft").0, dim, n);
+        (local(&ctx, re), local(&ctx, im))
+    }
+
+    fn irfft(
+        spectrum_re: FloatTensor<Self>,
+        spectrum_im: FloatTensor<Self>,
+        dim: usize,
+        n: Option<usize>,
+    ) -> FloatTensor<Self> {
+        let ctx = spectrum_re.ctx.clone();
+        let op = "irfft";
+        local(&ctx, B::irfft(full_inner(spectrum_re, op), full_inner(spectrum_im, op), dim, n))
+    }
+}

@@ -1,0 +1,83 @@
+//! Point-to-point transport between the ranks of a ring, plus the abort signal.
+//!
+//! Collectives (all-gather, all-reduce, barrier) are built on top of these primitives in
+//! [`crate::collectives`], so a new transport (MPI, NCCL) only has to move buffers.
+
+mod in_process;
+
+pub use in_process::{InProcessHub, InProcessTransport};
+
+use crate::error::RtpResult;
+use burn::tensor::TensorData;
+
+/// Which kind of buffer a transport moves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BufferKind {
+    /// Backend tensor handles (same-host hand-over, or device-to-device such as NCCL).
+    Device,
+    /// Host bytes (MPI and other byte transports).
+    Host,
+}
+
+/// One message's payload: a backend tensor or host data.
+#[derive(Debug)]
+pub enum Payload<T> {
+    /// A backend tensor primitive, handed over without a copy where possible.
+    Device(T),
+    /// Host data.
+    Host(TensorData),
+}
+
+/// Identifies a message so that the receiver can check both sides run the same op.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Header {
+    /// Collective sequence number of the op on the sending rank.
+    pub seq: u64,
+    /// Name of the op.
+    pub op: &'static str,
+    /// Step or shard index inside the op.
+    pub part: usize,
+    /// Shape of the payload.
+    pub shape: Vec<usize>,
+}
+
+impl std::fmt::Display for Header {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "`{}` #{} part {} shape {:?}",
+            self.op, self.seq, self.part, self.shape
+        )
+    }
+}
+
+/// Completion handle of a posted receive.
+pub trait RecvHandle<T>: Send {
+    /// Blocks until the message arrives, the peer fails, or the timeout passes.
+    fn wait(self: Box<Self>) -> RtpResult<Payload<T>>;
+}
+
+/// Completion handle of a posted send.
+pub trait SendHandle: Send {
+    /// Blocks until the send buffer may be reused.
+    fn wait(self: Box<Self>) -> RtpResult<()>;
+}
+
+/// The ring transport a rank talks through. One instance per rank.
+pub trait Transport<T: Send + 'static>: Send + Sync {
+    /// This rank's index.
+    fn rank(&self) -> usize;
+    /// Number of ranks.
+    fn world_size(&self) -> usize;
+    /// Which buffers this transport wants.
+    fn buffer_kind(&self) -> BufferKind;
+    /// Starts sending `payload` to rank `to`.
+    fn isend(&self, to: usize, header: Header, payload: Payload<T>)
+        -> RtpResult<Box<dyn SendHandle>>;
+    /// Posts a receive of the message `expect` from rank `from`.
+    fn irecv(&self, from: usize, expect: Header) -> RtpResult<Box<dyn RecvHandle<T>>>;
+    /// Tells every rank that this one failed, so that nobody waits for it.
+    fn abort(&self, reason: &str);
+    /// Tells every rank that this one finished its program.
+    fn mark_exited(&self);
+}

@@ -1,0 +1,232 @@
+//! Per-rank state: who this rank is, how it talks to the others, and what it has counted.
+
+use crate::accounting::Ledger;
+use crate::config::RtpConfig;
+use crate::device::RtpDevice;
+use crate::error::{raise, RtpError, RtpResult};
+use crate::transport::{InProcessHub, Transport};
+use burn::tensor::backend::Backend;
+use std::any::Any;
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+
+static NEXT_WORLD_ID: AtomicU64 = AtomicU64::new(1);
+
+/// The state every op of one rank reads: rank, transport, counters, accounting.
+pub struct RankCtx<B: Backend> {
+    pub(crate) rank: usize,
+    pub(crate) world_size: usize,
+    pub(crate) world_id: u64,
+    pub(crate) inner: B::Device,
+    pub(crate) transport: Arc<dyn Transport<B::FloatTensorPrimitive>>,
+    pub(crate) config: RtpConfig,
+    pub(crate) ledger: Arc<Ledger>,
+    seq: AtomicU64,
+    persistent: AtomicUsize,
+    param_stream: AtomicU64,
+    seed: AtomicU64,
+    fallbacks: Mutex<BTreeMap<String, u64>>,
+    pub(crate) index_id: u16,
+}
+
+impl<B: Backend> std::fmt::Debug for RankCtx<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "rank {}/{} of world {} on {:?}",
+            self.rank, self.world_size, self.world_id, self.inner
+        )
+    }
+}
+
+impl<B: Backend> RankCtx<B> {
+    /// Next collective sequence number; equal on every rank that runs the same program.
+    pub(crate) fn next_seq(&self) -> u64 {
+        self.seq.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Whether parameters are being created right now (inside `memory_persistent_allocations`).
+    pub(crate) fn persistent(&self) -> bool {
+        self.persistent.load(Ordering::Acquire) > 0
+    }
+
+    pub(crate) fn enter_persistent(&self) -> PersistentGuard<'_> {
+        self.persistent.fetch_add(1, Ordering::AcqRel);
+        PersistentGuard(&self.persistent)
+    }
+
+    /// A new random stream for the next parameter; the same on every rank.
+    pub(crate) fn next_param_stream(&self) -> u64 {
+        self.param_stream.fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub(crate) fn seed(&self) -> u64 {
+        self.seed.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn set_seed(&self, seed: u64) {
+        self.seed.store(seed, Ordering::Relaxed);
+        self.param_stream.store(0, Ordering::Relaxed);
+    }
+
+    /// Records that `op` had to gather a sharded operand; logs the first time per op.
+    pub(crate) fn note_fallback(&self, op: &str, shapes: &[Vec<usize>]) {
+        if !self.config.gather_fallback {
+            raise(RtpError::NoShardRule {
+                rank: self.rank,
+                op: op.to_string(),
+                shapes: shapes.to_vec(),
+            });
+        }
+        let mut map = self.fallbacks.lock().unwrap();
+        let count = map.entry(op.to_string()).or_insert(0);
+        if *count == 0 && self.rank == 0 {
+            tracing::info!(op, ?shapes, "rtp: op has no shard-wise rule; gathering its sharded operands");
+        }
+        *count += 1;
+    }
+
+    pub(crate) fn fallback_counts(&self) -> BTreeMap<String, u64> {
+        self.fallbacks.lock().unwrap().clone()
+    }
+
+    /// Unwraps a transport result inside a backend op, where errors can only unwind.
+    pub(crate) fn check<T>(&self, result: RtpResult<T>) -> T {
+        match result {
+            Ok(v) => v,
+            Err(e) => raise(e),
+        }
+    }
+}
+
+/// Leaves persistent mode when dropped.
+pub(crate) struct PersistentGuard<'a>(&'a AtomicUsize);
+
+impl Drop for PersistentGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+type Registry = Mutex<Vec<Box<dyn Any + Send + Sync>>>;
+
+fn registry() -> &'static Registry {
+    static REGISTRY: OnceLock<Registry> = OnceLock::new();
+    REGISTRY.get_or_init(|| Mutex::new(Vec::new()))
+}
+
+/// Builds the rank contexts of an in-process world.
+pub(crate) fn in_process_world<B: Backend>(
+    config: &RtpConfig,
+    inner: impl Fn(usize) -> B::Device,
+) -> RtpResult<(Vec<RtpDevice<B>>, Arc<InProcessHub<B::FloatTensorPrimitive>>)> {
+    if config.world_size == 0 {
+        return Err(RtpError::EmptyWorld);
+    }
+    let hub = InProcessHub::new(config.world_size, config.peer_timeout);
+    let world_id = NEXT_WORLD_ID.fetch_add(1, Ordering::Relaxed);
+    let devices = (0..config.world_size)
+        .map(|rank| {
+            register_device(
+                rank,
+                world_id,
+                inner(rank),
+                Arc::new(hub.endpoint(rank)),
+                config.clone(),
+            )
+        })
+        .collect();
+    Ok((devices, hub))
+}
+
+/// Creates a rank context around any transport (used by multi-process launchers too).
+pub fn register_device<B: Backend>(
+    rank: usize,
+    world_id: u64,
+    inner: B::Device,
+    transport: Arc<dyn Transport<B::FloatTensorPrimitive>>,
+    config: RtpConfig,
+) -> RtpDevice<B> {
+    let mut reg = registry().lock().unwrap();
+    let index_id = u16::try_from(reg.len()).unwrap_or(u16::MAX);
+    let ctx = Arc::new(RankCtx {
+        rank,
+        world_size: config.world_size,
+        world_id,
+        inner,
+        transport,
+        config,
+        ledger: Ledger::new(),
+        seq: AtomicU64::new(0),
+        persistent: AtomicUsize::new(0),
+        param_stream: AtomicU64::new(0),
+        seed: AtomicU64::new(0),
+        fallbacks: Mutex::new(BTreeMap::new()),
+        index_id,
+    });
+    if reg.len() < u16::MAX as usize {
+        reg.push(Box::new(Arc::downgrade(&ctx)));
+    }
+    RtpDevice { ctx }
+}
+
+/// Finds a device by the id Burn gave it.
+pub(crate) fn device_from_index<B: Backend>(index: u16) -> Option<RtpDevice<B>> {
+    let reg = registry().lock().unwrap();
+    let weak = reg.get(index as usize)?.downcast_ref::<Weak<RankCtx<B>>>()?;
+    weak.upgrade().map(|ctx| RtpDevice { ctx })
+}
+
+/// A world of one rank on the inner backend's default device, for use outside `launch`.
+pub(crate) fn solo_device<B: Backend>() -> RtpDevice<B> {
+    static SOLO: OnceLock<Mutex<Vec<Box<dyn Any + Send + Sync>>>> = OnceLock::new();
+    let solos = SOLO.get_or_init(|| Mutex::new(Vec::new()));
+    let mut solos = solos.lock().unwrap();
+    for s in solos.iter() {
+        if let Some(dev) = s.downcast_ref::<RtpDevice<B>>() {
+            return dev.clone();
+        }
+    }
+    let (mut devices, _hub) = in_process_world::<B>(&RtpConfig::new(1), |_| Default::default())
+        .expect("a world of one rank is valid");
+    let dev = devices.remove(0);
+    solos.push(Box::new(dev.clone()));
+    dev
+}
+
+thread_local! {
+    static CURRENT: RefCell<Option<Box<dyn Any>>> = const { RefCell::new(None) };
+}
+
+/// Makes `device` this thread's rank until the guard drops.
+///
+/// Int and bool tensors carry no rank of their own; ops that need one read it from here.
+pub fn enter_rank<B: Backend>(device: &RtpDevice<B>) -> RankGuard {
+    let previous = CURRENT.with(|c| c.borrow_mut().replace(Box::new(device.clone())));
+    RankGuard { previous }
+}
+
+/// Restores the previous rank of the thread when dropped.
+pub struct RankGuard {
+    previous: Option<Box<dyn Any>>,
+}
+
+impl Drop for RankGuard {
+    fn drop(&mut self) {
+        let previous = self.previous.take();
+        CURRENT.with(|c| *c.borrow_mut() = previous);
+    }
+}
+
+/// This thread's rank device, or a one-rank world outside `launch`.
+pub(crate) fn current_device<B: Backend>() -> RtpDevice<B> {
+    CURRENT
+        .with(|c| {
+            c.borrow()
+                .as_ref()
+                .and_then(|d| d.downcast_ref::<RtpDevice<B>>().cloned())
+        })
+        .unwrap_or_else(solo_device::<B>)
+}

@@ -1,0 +1,240 @@
+//! Test models and a reference trainer shared by the integration tests.
+#![allow(dead_code)]
+
+use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};
+use burn::nn::attention::generate_autoregressive_mask;
+use burn::nn::loss::CrossEntropyLossConfig;
+use burn::nn::transformer::{TransformerEncoder, TransformerEncoderConfig, TransformerEncoderInput};
+use burn::nn::{Embedding, EmbeddingConfig, LayerNorm, LayerNormConfig, Linear, LinearConfig, Relu};
+use burn::optim::decay::WeightDecayConfig;
+use burn::optim::{AdamConfig, GradientsParams, Optimizer};
+use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{Int, Tensor, TensorData};
+
+pub const VOCAB: usize = 67;
+pub const D_MODEL: usize = 36;
+pub const D_FF: usize = 100;
+pub const HEADS: usize = 4;
+pub const SEQ: usize = 8;
+pub const GLOBAL_BATCH: usize = 24;
+pub const STEPS: usize = 20;
+pub const LR: f64 = 1e-2;
+
+/// A two-layer perceptron classifier.
+#[derive(Module, Debug)]
+pub struct Mlp<B: Backend> {
+    pub fc1: Linear<B>,
+    pub fc2: Linear<B>,
+    pub act: Relu,
+}
+
+impl<B: Backend> Mlp<B> {
+    pub fn new(device: &B::Device) -> Self {
+        Self {
+            fc1: LinearConfig::new(D_MODEL, D_FF).init(device),
+            fc2: LinearConfig::new(D_FF, VOCAB).init(device),
+            act: Relu::new(),
+        }
+    }
+
+    pub fn loss(&self, x: Tensor<B, 2>, y: Tensor<B, 1, Int>) -> Tensor<B, 1> {
+        let logits = self.fc2.forward(self.act.forward(self.fc1.forward(x)));
+        CrossEntropyLossConfig::new()
+            .init(&logits.device())
+            .forward(logits, y)
+    }
+}
+
+/// A small causal language model built only from `burn::nn`.
+#[derive(Module, Debug)]
+pub struct TinyLm<B: Backend> {
+    pub tok: Embedding<B>,
+    pub pos: Embedding<B>,
+    pub encoder: TransformerEncoder<B>,
+    pub norm: LayerNorm<B>,
+    pub head: Linear<B>,
+}
+
+impl<B: Backend> TinyLm<B> {
+    pub fn new(device: &B::Device) -> Self {
+        Self::sized(D_MODEL, D_FF, 1, device)
+    }
+
+    pub fn sized(d_model: usize, d_ff: usize, layers: usize, device: &B::Device) -> Self {
+        Self {
+            tok: EmbeddingConfig::new(VOCAB, d_model).init(device),
+            pos: EmbeddingConfig::new(SEQ, d_model).init(device),
+            encoder: TransformerEncoderConfig::new(d_model, d_ff, HEADS, layers)
+                .with_dropout(0.0)
+                .with_norm_first(true)
+                .init(device),
+            norm: LayerNormConfig::new(d_model).init(device),
+            head: LinearConfig::new(d_model, VOCAB).init(device),
+        }
+    }
+
+    pub fn loss(&self, tokens: Tensor<B, 2, Int>, targets: Tensor<B, 2, Int>) -> Tensor<B, 1> {
+        let device = tokens.device();
+        let [batch, seq] = tokens.dims();
+        let positions = Tensor::<B, 1, Int>::arange(0..seq as i64, &device)
+            .reshape([1, seq])
+            .repeat_dim(0, batch);
+        let x = self.tok.forward(tokens) + self.pos.forward(positions);
+        let mask = generate_autoregressive_mask::<B>(batch, seq, &device);
+        let h = self.encoder.forward(TransformerEncoderInput::new(x).mask_attn(mask));
+        let logits = self.head.forward(self.norm.forward(h));
+        let d = logits.dims()[2];
+        CrossEntropyLossConfig::new().init(&device).forward(
+            logits.reshape([batch * seq, d]),
+            targets.reshape([batch * seq]),
+        )
+    }
+}
+
+/// Deterministic data: rows `[from, to)` of the global batch.
+pub struct Data {
+    pub x: Vec<f32>,
+    pub labels: Vec<i64>,
+    pub tokens: Vec<i64>,
+    pub targets: Vec<i64>,
+}
+
+pub fn data(step: usize) -> Data {
+    let mut s = 0x2545_F491_4F6C_DD1Du64 ^ (step as u64).wrapping_mul(0x9E37_79B9);
+    let mut next = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    let x = (0..GLOBAL_BATCH * D_MODEL)
+        .map(|_| (next() % 2000) as f32 / 1000.0 - 1.0)
+        .collect();
+    let labels = (0..GLOBAL_BATCH).map(|_| (next() % VOCAB as u64) as i64).collect();
+    let stream: Vec<i64> = (0..GLOBAL_BATCH * (SEQ + 1))
+        .map(|_| (next() % VOCAB as u64) as i64)
+        .collect();
+    let mut tokens = Vec::new();
+    let mut targets = Vec::new();
+    for row in 0..GLOBAL_BATCH {
+        let base = row * (SEQ + 1);
+        tokens.extend_from_slice(&stream[base..base + SEQ]);
+        targets.extend_from_slice(&stream[base + 1..base + SEQ + 1]);
+    }
+    Data {
+        x,
+        labels,
+        tokens,
+        targets,
+    }
+}
+
+/// Which model a run trains.
+#[derive(Clone, Copy, Debug)]
+pub enum Which {
+    Mlp,
+    Lm,
+}
+
+/// The rows of the global batch that rank `rank` of `world` trains on.
+pub fn rows(rank: usize, world: usize) -> std::ops::Range<usize> {
+    let per = GLOBAL_BATCH / world;
+    rank * per..(rank + 1) * per
+}
+
+pub fn step_loss_mlp<B: Backend>(m: &Mlp<B>, step: usize, r: std::ops::Range<usize>, d: &B::Device) -> Tensor<B, 1> {
+    let data = data(step);
+    let n = r.len();
+    let x = Tensor::<B, 2>::from_data(
+        TensorData::new(data.x[r.start * D_MODEL..r.end * D_MODEL].to_vec(), [n, D_MODEL]),
+        d,
+    );
+    let y = Tensor::<B, 1, Int>::from_data(TensorData::new(data.labels[r.clone()].to_vec(), [n]), d);
+    m.loss(x, y)
+}
+
+pub fn step_loss_lm<B: Backend>(m: &TinyLm<B>, step: usize, r: std::ops::Range<usize>, d: &B::Device) -> Tensor<B, 1> {
+    let data = data(step);
+    let n = r.len();
+    let tokens = Tensor::<B, 2, Int>::from_data(
+        TensorData::new(data.tokens[r.start * SEQ..r.end * SEQ].to_vec(), [n, SEQ]),
+        d,
+    );
+    let targets = Tensor::<B, 2, Int>::from_data(
+        TensorData::new(data.targets[r.start * SEQ..r.end * SEQ].to_vec(), [n, SEQ]),
+        d,
+    );
+    m.loss(tokens, targets)
+}
+
+pub fn adam() -> AdamConfig {
+    AdamConfig::new().with_weight_decay(Some(WeightDecayConfig::new(0.01)))
+}
+
+/// Every float parameter's values, in visit order (gathers shards: call on every rank).
+pub fn param_values<B: Backend, M: Module<B>>(m: &M) -> Vec<Vec<f32>> {
+    struct Collect(Vec<Vec<f32>>);
+    impl<B: Backend> ModuleVisitor<B> for Collect {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            self.0.push(param.val().into_data().convert::<f32>().to_vec::<f32>().unwrap());
+        }
+    }
+    let mut c = Collect(Vec::new());
+    m.visit(&mut c);
+    c.0
+}
+
+/// Trains `model` for `steps` steps on `rows` and returns the per-step losses.
+pub fn train<B, M, O>(
+    mut model: M,
+    mut optim: O,
+    which: Which,
+    steps: usize,
+    rows: std::ops::Range<usize>,
+    device: &B::Device,
+    loss_fn: impl Fn(&M, usize, std::ops::Range<usize>, &B::Device) -> Tensor<B, 1>,
+) -> (M, Vec<f32>)
+where
+    B: AutodiffBackend,
+    M: AutodiffModule<B>,
+    O: Optimizer<M, B>,
+{
+    let _ = which;
+    let mut losses = Vec::new();
+    for step in 0..steps {
+        let loss = loss_fn(&model, step, rows.clone(), device);
+        losses.push(loss.clone().into_scalar().elem_f32());
+        let grads = GradientsParams::from_grads(loss.backward(), &model);
+        model = optim.step(LR, model, grads);
+    }
+    (model, losses)
+}
+
+trait ElemF32 {
+    fn elem_f32(self) -> f32;
+}
+impl<E: burn::tensor::ElementConversion> ElemF32 for E {
+    fn elem_f32(self) -> f32 {
+        self.elem::<f32>()
+    }
+}
+
+/// A model's weights as bytes, for loading the same weights on another backend.
+pub fn to_bytes<B: Backend, M: Module<B>>(m: M) -> Vec<u8> {
+    BinBytesRecorder::<FullPrecisionSettings>::default()
+        .record(m.into_record(), ())
+        .expect("recording weights")
+}
+
+/// Loads weights saved by [`to_bytes`] into `m` (on any backend).
+pub fn load_bytes<B: Backend, M: Module<B>>(m: M, bytes: &[u8], device: &B::Device) -> M {
+    let record = BinBytesRecorder::<FullPrecisionSettings>::default()
+        .load(bytes.to_vec(), device)
+        .expect("loading weights");
+    m.load_record(record)
+}
+
+pub fn rel_close(a: f32, b: f32, tol: f32) -> bool {
+    (a - b).abs() <= tol * a.abs().max(b.abs()).max(1e-6)
+}
