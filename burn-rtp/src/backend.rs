@@ -41,7 +41,11 @@ impl<B: Backend> Backend for Rtp<B> {
         B::sync(&device.ctx.inner)
     }
 
-    fn memory_persistent_allocations<Output: Send, Input: Send, Func: Fn(Input) -> Output + Send>(
+    fn memory_persistent_allocations<
+        Output: Send,
+        Input: Send,
+        Func: Fn(Input) -> Output + Send,
+    >(
         device: &Self::Device,
         input: Input,
         func: Func,

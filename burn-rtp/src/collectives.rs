@@ -62,7 +62,10 @@ pub(crate) fn recv<B: Backend>(
 }
 
 /// The full tensor of a sharded one, identical on every rank.
-pub(crate) fn all_gather<B: Backend>(t: &RtpTensor<B>, op: &'static str) -> B::FloatTensorPrimitive {
+pub(crate) fn all_gather<B: Backend>(
+    t: &RtpTensor<B>,
+    op: &'static str,
+) -> B::FloatTensorPrimitive {
     let Layout::Sharded(spec) = &t.layout else {
         return t.inner.clone();
     };
@@ -87,7 +90,14 @@ pub(crate) fn all_gather<B: Backend>(t: &RtpTensor<B>, op: &'static str) -> B::F
             parts.push(t.inner.clone());
         } else {
             let shard = recv(ctx, src, header(src));
-            ctx.check(check_shape::<B>(ctx, src, op, seq, &shard, &spec.shard_shape(src)));
+            ctx.check(check_shape::<B>(
+                ctx,
+                src,
+                op,
+                seq,
+                &shard,
+                &spec.shard_shape(src),
+            ));
             parts.push(shard);
         }
     }
@@ -152,7 +162,10 @@ pub(crate) fn all_reduce_sum_host<B: Backend>(
             let handle = ctx.check(ctx.transport.irecv(src, header(src)));
             match ctx.check(handle.wait()) {
                 Payload::Host(d) => d.convert::<f32>().into_vec::<f32>().unwrap(),
-                Payload::Device(t) => read_host::<B>(t).convert::<f32>().into_vec::<f32>().unwrap(),
+                Payload::Device(t) => read_host::<B>(t)
+                    .convert::<f32>()
+                    .into_vec::<f32>()
+                    .unwrap(),
             }
         };
         for (s, c) in sum.iter_mut().zip(contribution) {
@@ -173,12 +186,12 @@ pub(crate) fn all_reduce_sum<B: Backend>(
     }
     let dtype = t.dtype();
     let shape = t.shape();
-    let values = read_host::<B>(t).convert::<f32>().into_vec::<f32>().unwrap();
+    let values = read_host::<B>(t)
+        .convert::<f32>()
+        .into_vec::<f32>()
+        .unwrap();
     let sum = all_reduce_sum_host(ctx, op, values);
-    B::float_from_data(
-        TensorData::new(sum, shape).convert_dtype(dtype),
-        &ctx.inner,
-    )
+    B::float_from_data(TensorData::new(sum, shape).convert_dtype(dtype), &ctx.inner)
 }
 
 /// Blocks until every rank reaches the same barrier.

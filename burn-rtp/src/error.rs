@@ -9,7 +9,9 @@ pub enum RtpError {
     #[error("invalid world size 0: an RTP world needs at least one rank")]
     EmptyWorld,
     /// A rank index was given that does not exist in the world.
-    #[error("rank {rank} is outside a world of {world_size} ranks (valid ranks are 0..{world_size})")]
+    #[error(
+        "rank {rank} is outside a world of {world_size} ranks (valid ranks are 0..{world_size})"
+    )]
     RankOutOfRange {
         /// The offending rank index.
         rank: usize,
@@ -47,7 +49,9 @@ pub enum RtpError {
         reason: String,
     },
     /// A peer finished its program while this rank still expected messages from it.
-    #[error("rank {rank}: op `{op}` waits for rank {peer}, which has already finished its program")]
+    #[error(
+        "rank {rank}: op `{op}` waits for rank {peer}, which has already finished its program"
+    )]
     PeerExited {
         /// The waiting rank.
         rank: usize,

@@ -18,7 +18,10 @@ fn panic_reason(payload: Box<dyn std::any::Any + Send>) -> RtpError {
         .cloned()
         .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
         .unwrap_or_else(|| "panicked with a non-string payload".to_string());
-    RtpError::RankFailed { rank: usize::MAX, reason }
+    RtpError::RankFailed {
+        rank: usize::MAX,
+        reason,
+    }
 }
 
 /// Prints typed RTP errors raised inside backend ops readably, then defers to the old hook.
@@ -47,7 +50,9 @@ where
     R: Send,
     F: Fn(RtpDevice<B>) -> R + Send + Sync,
 {
-    try_launch(config, |device| Ok::<R, std::convert::Infallible>(program(device)))
+    try_launch(config, |device| {
+        Ok::<R, std::convert::Infallible>(program(device))
+    })
 }
 
 /// Like [`launch`], for programs that return a `Result`: an `Err` on one rank stops them all.
@@ -89,9 +94,14 @@ where
                         let outcome = catch_unwind(AssertUnwindSafe(|| program(device)));
                         let outcome = match outcome {
                             Ok(Ok(value)) => Ok(value),
-                            Ok(Err(e)) => Err(RtpError::RankFailed { rank, reason: e.to_string() }),
+                            Ok(Err(e)) => Err(RtpError::RankFailed {
+                                rank,
+                                reason: e.to_string(),
+                            }),
                             Err(payload) => Err(match panic_reason(payload) {
-                                RtpError::RankFailed { reason, .. } => RtpError::RankFailed { rank, reason },
+                                RtpError::RankFailed { reason, .. } => {
+                                    RtpError::RankFailed { rank, reason }
+                                }
                                 typed => typed,
                             }),
                         };

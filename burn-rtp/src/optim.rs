@@ -75,8 +75,10 @@ where
         };
         let layout = primitive(param.val().inner()).layout.clone();
         let synced = sync_gradient(&layout, primitive(grad));
-        self.grads
-            .register::<Rtp<I>, D>(param.id, Tensor::from_primitive(TensorPrimitive::Float(synced)));
+        self.grads.register::<Rtp<I>, D>(
+            param.id,
+            Tensor::from_primitive(TensorPrimitive::Float(synced)),
+        );
     }
 }
 

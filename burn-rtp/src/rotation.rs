@@ -15,11 +15,11 @@
 //! [`Header`] the receiver checks, so diverged programs fail loudly instead of mixing data.
 
 use crate::accounting::{Category, Charge};
+use crate::collectives::from_payload;
 use crate::collectives::send;
 use crate::config::RotationMode;
 use crate::transport::{Header, RecvHandle};
 use crate::world::RankCtx;
-use crate::collectives::from_payload;
 use burn::tensor::backend::Backend;
 use burn::tensor::TensorMetadata;
 use std::sync::Arc;
@@ -27,7 +27,10 @@ use std::sync::Arc;
 type Float<B> = <B as burn::tensor::backend::BackendTypes>::FloatTensorPrimitive;
 
 fn bytes_of(shapes: &[Vec<usize>], elem: usize) -> usize {
-    shapes.iter().map(|s| s.iter().product::<usize>() * elem).sum()
+    shapes
+        .iter()
+        .map(|s| s.iter().product::<usize>() * elem)
+        .sum()
 }
 
 /// A shard bundle in flight, with the memory it occupies on this rank.
@@ -58,7 +61,9 @@ fn headers(seq: u64, op: &'static str, j: usize, shapes: Vec<Vec<usize>>) -> Vec
 
 fn post<B: Backend>(ctx: &RankCtx<B>, from: usize, expect: Vec<Header>, elem: usize) -> Posted<B> {
     let shapes: Vec<Vec<usize>> = expect.iter().map(|h| h.shape.clone()).collect();
-    let charge = ctx.ledger.charge(Category::InFlight, bytes_of(&shapes, elem));
+    let charge = ctx
+        .ledger
+        .charge(Category::InFlight, bytes_of(&shapes, elem));
     let handles = expect
         .into_iter()
         .map(|h| ctx.check(ctx.transport.irecv(from, h)))
@@ -78,7 +83,14 @@ fn complete<B: Backend>(ctx: &RankCtx<B>, posted: Posted<B>) -> Buffer<B> {
     }
 }
 
-fn send_bundle<B: Backend>(ctx: &RankCtx<B>, to: usize, seq: u64, op: &'static str, j: usize, bundle: &[Float<B>]) {
+fn send_bundle<B: Backend>(
+    ctx: &RankCtx<B>,
+    to: usize,
+    seq: u64,
+    op: &'static str,
+    j: usize,
+    bundle: &[Float<B>],
+) {
     let shapes = bundle.iter().map(|t| t.shape().to_vec()).collect();
     for (h, t) in headers(seq, op, j, shapes).into_iter().zip(bundle) {
         send(ctx, to, h, t.clone());
@@ -111,7 +123,12 @@ pub(crate) fn rotate<B: Backend>(
             RotationMode::OutOfPlace => {
                 let posted = (!last).then(|| {
                     send_bundle(ctx, next, seq, op, j, &cur.tensors);
-                    post(ctx, prev, headers(seq, op, incoming, shapes_of(incoming)), elem)
+                    post(
+                        ctx,
+                        prev,
+                        headers(seq, op, incoming, shapes_of(incoming)),
+                        elem,
+                    )
                 });
                 compute(j, &cur.tensors);
                 if let Some(posted) = posted {
@@ -124,12 +141,25 @@ pub(crate) fn rotate<B: Backend>(
                     send_bundle(ctx, next, seq, op, j, &cur.tensors);
                     drop(std::mem::take(&mut cur.tensors));
                     cur._charge = None;
-                    let posted = post(ctx, prev, headers(seq, op, incoming, shapes_of(incoming)), elem);
+                    let posted = post(
+                        ctx,
+                        prev,
+                        headers(seq, op, incoming, shapes_of(incoming)),
+                        elem,
+                    );
                     cur = complete(ctx, posted);
                 }
             }
         }
-        verify_shapes(ctx, op, seq, prev, &cur.tensors, &shapes_of(if last { j } else { incoming }), last);
+        verify_shapes(
+            ctx,
+            op,
+            seq,
+            prev,
+            &cur.tensors,
+            &shapes_of(if last { j } else { incoming }),
+            last,
+        );
     }
 }
 
@@ -199,7 +229,12 @@ pub(crate) fn reduce_scatter<B: Backend>(
         // Out-of-place posts the next receive before this buffer leaves, so both coexist.
         let next_j = (r + 2 * n - 2 - t) % n;
         if out_of_place {
-            posted = Some(post(ctx, prev, headers(seq, op, next_j, shapes_of(next_j)), elem));
+            posted = Some(post(
+                ctx,
+                prev,
+                headers(seq, op, next_j, shapes_of(next_j)),
+                elem,
+            ));
         }
         let bytes = summed.iter().map(|t| t.shape().num_elements() * elem).sum();
         let _travelling = ctx.ledger.charge(Category::InFlight, bytes);

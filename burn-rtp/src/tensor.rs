@@ -88,7 +88,11 @@ fn bytes_of<T: TensorMetadata>(t: &T) -> usize {
 
 impl<B: Backend> RtpTensor<B> {
     /// Wraps a freshly computed inner tensor, charging it by layout.
-    pub(crate) fn new(ctx: Arc<RankCtx<B>>, inner: B::FloatTensorPrimitive, layout: Layout) -> Self {
+    pub(crate) fn new(
+        ctx: Arc<RankCtx<B>>,
+        inner: B::FloatTensorPrimitive,
+        layout: Layout,
+    ) -> Self {
         let charge = ctx.ledger.charge(layout.category(), bytes_of(&inner));
         Self {
             inner,

@@ -83,7 +83,11 @@ impl<B: Backend> RankCtx<B> {
         let mut map = self.fallbacks.lock().unwrap();
         let count = map.entry(op.to_string()).or_insert(0);
         if *count == 0 && self.rank == 0 {
-            tracing::info!(op, ?shapes, "rtp: op has no shard-wise rule; gathering its sharded operands");
+            tracing::info!(
+                op,
+                ?shapes,
+                "rtp: op has no shard-wise rule; gathering its sharded operands"
+            );
         }
         *count += 1;
     }
@@ -117,11 +121,17 @@ fn registry() -> &'static Registry {
     REGISTRY.get_or_init(|| Mutex::new(Vec::new()))
 }
 
+/// The devices of an in-process world and the hub that connects them.
+pub(crate) type InProcessWorld<B> = (
+    Vec<RtpDevice<B>>,
+    Arc<InProcessHub<<B as burn::tensor::backend::BackendTypes>::FloatTensorPrimitive>>,
+);
+
 /// Builds the rank contexts of an in-process world.
 pub(crate) fn in_process_world<B: Backend>(
     config: &RtpConfig,
     inner: impl Fn(usize) -> B::Device,
-) -> RtpResult<(Vec<RtpDevice<B>>, Arc<InProcessHub<B::FloatTensorPrimitive>>)> {
+) -> RtpResult<InProcessWorld<B>> {
     if config.world_size == 0 {
         return Err(RtpError::EmptyWorld);
     }
@@ -137,7 +147,7 @@ pub(crate) fn in_process_world<B: Backend>(
                 config.clone(),
             )
         })
-        .collect();
+        .collect::<RtpResult<Vec<_>>>()?;
     Ok((devices, hub))
 }
 
@@ -148,7 +158,8 @@ pub fn register_device<B: Backend>(
     inner: B::Device,
     transport: Arc<dyn Transport<B::FloatTensorPrimitive>>,
     config: RtpConfig,
-) -> RtpDevice<B> {
+) -> RtpResult<RtpDevice<B>> {
+    crate::launch::check_rank(rank, config.world_size)?;
     let mut reg = registry().lock().unwrap();
     let index_id = u16::try_from(reg.len()).unwrap_or(u16::MAX);
     let ctx = Arc::new(RankCtx {
@@ -169,13 +180,15 @@ pub fn register_device<B: Backend>(
     if reg.len() < u16::MAX as usize {
         reg.push(Box::new(Arc::downgrade(&ctx)));
     }
-    RtpDevice { ctx }
+    Ok(RtpDevice { ctx })
 }
 
 /// Finds a device by the id Burn gave it.
 pub(crate) fn device_from_index<B: Backend>(index: u16) -> Option<RtpDevice<B>> {
     let reg = registry().lock().unwrap();
-    let weak = reg.get(index as usize)?.downcast_ref::<Weak<RankCtx<B>>>()?;
+    let weak = reg
+        .get(index as usize)?
+        .downcast_ref::<Weak<RankCtx<B>>>()?;
     weak.upgrade().map(|ctx| RtpDevice { ctx })
 }
 

@@ -12,7 +12,13 @@ type Dist = Autodiff<Rtp<NdArray>>;
 
 const TOL: f32 = 1e-4;
 
-fn compare(which: Which, ref_losses: &[f32], ref_params: &[Vec<f32>], runs: Vec<(Vec<f32>, Vec<Vec<f32>>)>, label: &str) {
+fn compare(
+    which: Which,
+    ref_losses: &[f32],
+    ref_params: &[Vec<f32>],
+    runs: Vec<(Vec<f32>, Vec<Vec<f32>>)>,
+    label: &str,
+) {
     let world = runs.len();
     for step in 0..STEPS {
         let mean = runs.iter().map(|(l, _)| l[step]).sum::<f32>() / world as f32;
@@ -42,16 +48,38 @@ fn run_mlp(world: usize, mode: RotationMode) {
     // Params initialise lazily, so fix the weights by a save/load round trip first.
     let weights = to_bytes(Mlp::<Ref>::new(&device));
     let reference = load_bytes(Mlp::<Ref>::new(&device), &weights, &device);
-    let (trained, ref_losses) = train(reference, adam().init(), Which::Mlp, STEPS, 0..GLOBAL_BATCH, &device, step_loss_mlp);
+    let (trained, ref_losses) = train(
+        reference,
+        adam().init(),
+        Which::Mlp,
+        STEPS,
+        0..GLOBAL_BATCH,
+        &device,
+        step_loss_mlp,
+    );
     let ref_params = param_values(&trained);
     let runs = launch(RtpConfig::new(world).with_rotation(mode), |device| {
         let model = load_bytes(Mlp::<Dist>::new(&device), &weights, &device);
         let optim = RtpOptimizer::new(adam().init());
-        let (model, losses) = train(model, optim, Which::Mlp, STEPS, rows(device.rank(), world), &device, step_loss_mlp);
+        let (model, losses) = train(
+            model,
+            optim,
+            Which::Mlp,
+            STEPS,
+            rows(device.rank(), world),
+            &device,
+            step_loss_mlp,
+        );
         (losses, param_values(&model))
     })
     .expect("RTP run");
-    compare(Which::Mlp, &ref_losses, &ref_params, runs, &format!("N={world} {mode}"));
+    compare(
+        Which::Mlp,
+        &ref_losses,
+        &ref_params,
+        runs,
+        &format!("N={world} {mode}"),
+    );
 }
 
 fn run_lm(world: usize, mode: RotationMode) {
@@ -59,16 +87,38 @@ fn run_lm(world: usize, mode: RotationMode) {
     // Params initialise lazily, so fix the weights by a save/load round trip first.
     let weights = to_bytes(TinyLm::<Ref>::new(&device));
     let reference = load_bytes(TinyLm::<Ref>::new(&device), &weights, &device);
-    let (trained, ref_losses) = train(reference, adam().init(), Which::Lm, STEPS, 0..GLOBAL_BATCH, &device, step_loss_lm);
+    let (trained, ref_losses) = train(
+        reference,
+        adam().init(),
+        Which::Lm,
+        STEPS,
+        0..GLOBAL_BATCH,
+        &device,
+        step_loss_lm,
+    );
     let ref_params = param_values(&trained);
     let runs = launch(RtpConfig::new(world).with_rotation(mode), |device| {
         let model = load_bytes(TinyLm::<Dist>::new(&device), &weights, &device);
         let optim = RtpOptimizer::new(adam().init());
-        let (model, losses) = train(model, optim, Which::Lm, STEPS, rows(device.rank(), world), &device, step_loss_lm);
+        let (model, losses) = train(
+            model,
+            optim,
+            Which::Lm,
+            STEPS,
+            rows(device.rank(), world),
+            &device,
+            step_loss_lm,
+        );
         (losses, param_values(&model))
     })
     .expect("RTP run");
-    compare(Which::Lm, &ref_losses, &ref_params, runs, &format!("N={world} {mode}"));
+    compare(
+        Which::Lm,
+        &ref_losses,
+        &ref_params,
+        runs,
+        &format!("N={world} {mode}"),
+    );
 }
 
 macro_rules! cases {
@@ -133,7 +183,7 @@ fn parameters_are_sharded_and_gathers_are_limited_to_layer_norm() {
     }
     // Rank 0 holds the first ceil(36/4) = 9 columns of every d_model-wide parameter.
     assert!(out[0].0.iter().any(|(s, _)| s == &vec![VOCAB, 9]));
-    for (op, _) in &out[0].1 {
+    for op in out[0].1.keys() {
         assert!(
             op == "float_mul" || op == "float_add",
             "unexpected gather in {op}: {:?}",

@@ -1,1 +1,1 @@
-
+//! Shared pieces of the burn-rtp examples.

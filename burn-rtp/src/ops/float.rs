@@ -175,15 +175,25 @@ impl<B: Backend> FloatTensorOps<Self> for Rtp<B> {
         let shape = data.shape.clone();
         let ctx = device.ctx.clone();
         match creation(device, &shape) {
-            Creation::Local => RtpTensor::new(ctx.clone(), B::float_from_data(data, &ctx.inner), Layout::Local),
-            Creation::Replicated => {
-                RtpTensor::new(ctx.clone(), B::float_from_data(data, &ctx.inner), Layout::Replicated)
-            }
+            Creation::Local => RtpTensor::new(
+                ctx.clone(),
+                B::float_from_data(data, &ctx.inner),
+                Layout::Local,
+            ),
+            Creation::Replicated => RtpTensor::new(
+                ctx.clone(),
+                B::float_from_data(data, &ctx.inner),
+                Layout::Replicated,
+            ),
             Creation::Sharded(spec) => {
                 // Slice on the host before upload: the full tensor never reaches the device.
                 let part = slice_last_dim(&data, spec.range(ctx.rank));
                 drop(data);
-                RtpTensor::new(ctx.clone(), B::float_from_data(part, &ctx.inner), Layout::Sharded(spec))
+                RtpTensor::new(
+                    ctx.clone(),
+                    B::float_from_data(part, &ctx.inner),
+                    Layout::Sharded(spec),
+                )
             }
         }
     }
@@ -207,7 +217,14 @@ impl<B: Backend> FloatTensorOps<Self> for Rtp<B> {
             Creation::Sharded(spec) => (spec.range(ctx.rank), Layout::Sharded(spec)),
             _ => (shard_range(last, 1, 0), Layout::Replicated),
         };
-        let data = flyweight_random(&shape, range, distribution, ctx.seed(), stream, dtype.into());
+        let data = flyweight_random(
+            &shape,
+            range,
+            distribution,
+            ctx.seed(),
+            stream,
+            dtype.into(),
+        );
         RtpTensor::new(ctx.clone(), B::float_from_data(data, &ctx.inner), layout)
     }
 
@@ -228,7 +245,9 @@ impl<B: Backend> FloatTensorOps<Self> for Rtp<B> {
         dtype: FloatDType,
     ) -> FloatTensor<Self> {
         let inner = device.ctx.inner.clone();
-        create(device, shape, |s| B::float_full(s, fill_value, &inner, dtype))
+        create(device, shape, |s| {
+            B::float_full(s, fill_value, &inner, dtype)
+        })
     }
 
     fn float_empty(shape: Shape, device: &RtpDevice<B>, dtype: FloatDType) -> FloatTensor<Self> {
@@ -262,7 +281,15 @@ impl<B: Backend> FloatTensorOps<Self> for Rtp<B> {
         B::float_into_int(full_inner(tensor, "float_into_int"), out_dtype)
     }
 
-    binary_ops!(float_add, float_sub, float_mul, float_div, float_remainder, float_powf, float_atan2);
+    binary_ops!(
+        float_add,
+        float_sub,
+        float_mul,
+        float_div,
+        float_remainder,
+        float_powf,
+        float_atan2
+    );
 
     scalar_ops!(
         float_add_scalar,
@@ -274,10 +301,29 @@ impl<B: Backend> FloatTensorOps<Self> for Rtp<B> {
     );
 
     unary_ops!(
-        float_recip, float_exp, float_log, float_log1p, float_sqrt, float_abs, float_cos,
-        float_sin, float_tan, float_cosh, float_sinh, float_tanh, float_acos, float_acosh,
-        float_asin, float_asinh, float_atan, float_atanh, float_round, float_floor, float_ceil,
-        float_trunc, float_erf,
+        float_recip,
+        float_exp,
+        float_log,
+        float_log1p,
+        float_sqrt,
+        float_abs,
+        float_cos,
+        float_sin,
+        float_tan,
+        float_cosh,
+        float_sinh,
+        float_tanh,
+        float_acos,
+        float_acosh,
+        float_asin,
+        float_asinh,
+        float_atan,
+        float_atanh,
+        float_round,
+        float_floor,
+        float_ceil,
+        float_trunc,
+        float_erf,
     );
 
     fn float_clamp(tensor: FloatTensor<Self>, min: Scalar, max: Scalar) -> FloatTensor<Self> {
@@ -304,7 +350,11 @@ impl<B: Backend> FloatTensorOps<Self> for Rtp<B> {
         full_binary("float_matmul", lhs, rhs, B::float_matmul)
     }
 
-    fn float_cross(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>, dim: usize) -> FloatTensor<Self> {
+    fn float_cross(
+        lhs: FloatTensor<Self>,
+        rhs: FloatTensor<Self>,
+        dim: usize,
+    ) -> FloatTensor<Self> {
         full_binary("float_cross", lhs, rhs, |l, r| B::float_cross(l, r, dim))
     }
 
@@ -313,7 +363,9 @@ impl<B: Backend> FloatTensorOps<Self> for Rtp<B> {
         let mut shape = tensor.shape();
         shape.swap(dim1, dim2);
         let keeps = dim1 == dim2 || (dim1 != last && dim2 != last);
-        reshaped(tensor, "float_swap_dims", shape, keeps, |t, _| B::float_swap_dims(t, dim1, dim2))
+        reshaped(tensor, "float_swap_dims", shape, keeps, |t, _| {
+            B::float_swap_dims(t, dim1, dim2)
+        })
     }
 
     fn float_permute(tensor: FloatTensor<Self>, axes: &[usize]) -> FloatTensor<Self> {
@@ -321,14 +373,18 @@ impl<B: Backend> FloatTensorOps<Self> for Rtp<B> {
         let old = tensor.shape();
         let shape = Shape::from(axes.iter().map(|&a| old[a]).collect::<Vec<_>>());
         let keeps = axes[last] == last;
-        reshaped(tensor, "float_permute", shape, keeps, |t, _| B::float_permute(t, axes))
+        reshaped(tensor, "float_permute", shape, keeps, |t, _| {
+            B::float_permute(t, axes)
+        })
     }
 
     fn float_flip(tensor: FloatTensor<Self>, axes: &[usize]) -> FloatTensor<Self> {
         let last = last_index(&tensor);
         let shape = tensor.shape();
         let keeps = !axes.contains(&last);
-        reshaped(tensor, "float_flip", shape, keeps, |t, _| B::float_flip(t, axes))
+        reshaped(tensor, "float_flip", shape, keeps, |t, _| {
+            B::float_flip(t, axes)
+        })
     }
 
     fn float_reshape(tensor: FloatTensor<Self>, shape: Shape) -> FloatTensor<Self> {
@@ -343,7 +399,11 @@ impl<B: Backend> FloatTensorOps<Self> for Rtp<B> {
         })
     }
 
-    fn float_gather(dim: usize, tensor: FloatTensor<Self>, indices: IntTensor<Self>) -> FloatTensor<Self> {
+    fn float_gather(
+        dim: usize,
+        tensor: FloatTensor<Self>,
+        indices: IntTensor<Self>,
+    ) -> FloatTensor<Self> {
         full_op(tensor, "float_gather", |t| B::float_gather(dim, t, indices))
     }
 
@@ -353,10 +413,16 @@ impl<B: Backend> FloatTensorOps<Self> for Rtp<B> {
         indices: IntTensor<Self>,
         value: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        full_binary("float_scatter_add", tensor, value, |t, v| B::float_scatter_add(dim, t, indices, v))
+        full_binary("float_scatter_add", tensor, value, |t, v| {
+            B::float_scatter_add(dim, t, indices, v)
+        })
     }
 
-    fn float_select(tensor: FloatTensor<Self>, dim: usize, indices: IntTensor<Self>) -> FloatTensor<Self> {
+    fn float_select(
+        tensor: FloatTensor<Self>,
+        dim: usize,
+        indices: IntTensor<Self>,
+    ) -> FloatTensor<Self> {
         full_op(tensor, "float_select", |t| B::float_select(t, dim, indices))
     }
 
@@ -366,7 +432,9 @@ impl<B: Backend> FloatTensorOps<Self> for Rtp<B> {
         indices: IntTensor<Self>,
         value: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        full_binary("float_select_add", tensor, value, |t, v| B::float_select_add(t, dim, indices, v))
+        full_binary("float_select_add", tensor, value, |t, v| {
+            B::float_select_add(t, dim, indices, v)
+        })
     }
 
     fn float_slice(tensor: FloatTensor<Self>, slices: &[Slice]) -> FloatTensor<Self> {
@@ -378,7 +446,9 @@ impl<B: Backend> FloatTensorOps<Self> for Rtp<B> {
         slices: &[Slice],
         value: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        full_binary("float_slice_assign", tensor, value, |t, v| B::float_slice_assign(t, slices, v))
+        full_binary("float_slice_assign", tensor, value, |t, v| {
+            B::float_slice_assign(t, slices, v)
+        })
     }
 
     fn float_mask_where(
@@ -386,7 +456,9 @@ impl<B: Backend> FloatTensorOps<Self> for Rtp<B> {
         mask: BoolTensor<Self>,
         value: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        full_binary("float_mask_where", tensor, value, |t, v| B::float_mask_where(t, mask, v))
+        full_binary("float_mask_where", tensor, value, |t, v| {
+            B::float_mask_where(t, mask, v)
+        })
     }
 
     fn float_mask_fill(
@@ -394,10 +466,18 @@ impl<B: Backend> FloatTensorOps<Self> for Rtp<B> {
         mask: BoolTensor<Self>,
         value: Scalar,
     ) -> FloatTensor<Self> {
-        full_op(tensor, "float_mask_fill", |t| B::float_mask_fill(t, mask, value))
+        full_op(tensor, "float_mask_fill", |t| {
+            B::float_mask_fill(t, mask, value)
+        })
     }
 
-    compare_ops!(float_equal, float_greater, float_greater_equal, float_lower, float_lower_equal);
+    compare_ops!(
+        float_equal,
+        float_greater,
+        float_greater_equal,
+        float_lower,
+        float_lower_equal
+    );
 
     compare_elem_ops!(
         float_equal_elem,
@@ -412,7 +492,11 @@ impl<B: Backend> FloatTensorOps<Self> for Rtp<B> {
             Layout::Sharded(_) => {
                 let ctx = tensor.ctx.clone();
                 let partial = B::float_sum(tensor.inner.clone());
-                RtpTensor::new(ctx.clone(), all_reduce_sum(&ctx, "float_sum", partial), Layout::Local)
+                RtpTensor::new(
+                    ctx.clone(),
+                    all_reduce_sum(&ctx, "float_sum", partial),
+                    Layout::Local,
+                )
             }
             layout => {
                 let inner = B::float_sum(tensor.inner.clone());
@@ -448,7 +532,14 @@ impl<B: Backend> FloatTensorOps<Self> for Rtp<B> {
         B::float_argmin(full_inner(tensor, "float_argmin"), dim, out_dtype)
     }
 
-    fn float_unfold(tensor: FloatTensor<Self>, dim: usize, size: usize, step: usize) -> FloatTensor<Self> {
-        full_op(tensor, "float_unfold", |t| B::float_unfold(t, dim, size, step))
+    fn float_unfold(
+        tensor: FloatTensor<Self>,
+        dim: usize,
+        size: usize,
+        step: usize,
+    ) -> FloatTensor<Self> {
+        full_op(tensor, "float_unfold", |t| {
+            B::float_unfold(t, dim, size, step)
+        })
     }
 }

@@ -46,7 +46,10 @@ pub(crate) fn full_layout(all_replicated: bool) -> Layout {
 }
 
 /// Runs a shape-preserving elementwise op on the inner tensor; any layout is kept.
-pub(crate) fn unary<B: Backend>(t: RtpTensor<B>, f: impl FnOnce(Float<B>) -> Float<B>) -> RtpTensor<B> {
+pub(crate) fn unary<B: Backend>(
+    t: RtpTensor<B>,
+    f: impl FnOnce(Float<B>) -> Float<B>,
+) -> RtpTensor<B> {
     let layout = t.layout.clone();
     let inner = f(t.inner.clone());
     t.derive(inner, layout)
@@ -137,7 +140,11 @@ pub(crate) fn binary<B: Backend>(
         }
         (Layout::Replicated, Layout::Local) | (Layout::Local, Layout::Replicated) => {
             if ls == rs {
-                let layout = if lhs.layout == Layout::Local { &rhs.layout } else { &lhs.layout };
+                let layout = if lhs.layout == Layout::Local {
+                    &rhs.layout
+                } else {
+                    &lhs.layout
+                };
                 ambiguous(&lhs.ctx, op, layout, &ls);
             }
             let inner = f(lhs.inner.clone(), rhs.inner);
@@ -157,7 +164,7 @@ pub(crate) fn binary<B: Backend>(
         }
         (Layout::Sharded(spec), _) => {
             let spec = spec.clone();
-            sharded_with_full(op, lhs, rhs, spec, out, |s, o| f(s, o))
+            sharded_with_full(op, lhs, rhs, spec, out, f)
         }
         (_, Layout::Sharded(spec)) => {
             let spec = spec.clone();

@@ -66,10 +66,16 @@ impl<B: Backend> ModuleOps<Self> for Rtp<B> {
             vec![weights.inner.clone()],
             |j| vec![vec![rows, spec.range(j).len]],
             |j, shard| {
-                parts[j] = Some(kernels::embedding_columns::<B>(shard[0].clone(), indices.clone()));
+                parts[j] = Some(kernels::embedding_columns::<B>(
+                    shard[0].clone(),
+                    indices.clone(),
+                ));
             },
         );
-        let parts: Vec<Float<B>> = parts.into_iter().map(|p| p.expect("every shard visited")).collect();
+        let parts: Vec<Float<B>> = parts
+            .into_iter()
+            .map(|p| p.expect("every shard visited"))
+            .collect();
         let dim = parts[0].shape().num_dims() - 1;
         local(&ctx, kernels::assemble_columns::<B>(parts, dim))
     }
@@ -94,7 +100,12 @@ impl<B: Backend> ModuleOps<Self> for Rtp<B> {
             |j| {
                 let range = spec.range(j);
                 let dy_j = kernels::column_slice::<B>(dy.clone(), range.start, range.len);
-                vec![kernels::accumulate_embedding_grad::<B>(None, rows, dy_j, indices.clone())]
+                vec![kernels::accumulate_embedding_grad::<B>(
+                    None,
+                    rows,
+                    dy_j,
+                    indices.clone(),
+                )]
             },
         );
         let g = mean_over_ranks(&ctx, own.remove(0));
@@ -143,7 +154,10 @@ impl<B: Backend> ModuleOps<Self> for Rtp<B> {
                 parts[j] = Some(kernels::linear_columns::<B>(x.clone(), shard[0].clone(), b));
             },
         );
-        let parts: Vec<Float<B>> = parts.into_iter().map(|p| p.expect("every shard visited")).collect();
+        let parts: Vec<Float<B>> = parts
+            .into_iter()
+            .map(|p| p.expect("every shard visited"))
+            .collect();
         let mut y = kernels::assemble_columns::<B>(parts, ndims - 1);
         if let Some(b) = late_bias {
             y = B::float_add(y, broadcastable::<B>(b, ndims));
@@ -151,7 +165,10 @@ impl<B: Backend> ModuleOps<Self> for Rtp<B> {
         local(&ctx, y)
     }
 
-    fn linear_x_backward(weight: FloatTensor<Self>, output_grad: FloatTensor<Self>) -> FloatTensor<Self> {
+    fn linear_x_backward(
+        weight: FloatTensor<Self>,
+        output_grad: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
         let ctx = weight.ctx.clone();
         let Layout::Sharded(spec) = weight.layout.clone() else {
             let w = full_inner(weight, "linear_x_backward");
@@ -169,13 +186,20 @@ impl<B: Backend> ModuleOps<Self> for Rtp<B> {
             |j, shard| {
                 let range = spec.range(j);
                 let dy_j = kernels::column_slice::<B>(dy.clone(), range.start, range.len);
-                acc = Some(kernels::accumulate_x_grad::<B>(acc.take(), shard[0].clone(), dy_j));
+                acc = Some(kernels::accumulate_x_grad::<B>(
+                    acc.take(),
+                    shard[0].clone(),
+                    dy_j,
+                ));
             },
         );
         local(&ctx, acc.expect("at least one shard"))
     }
 
-    fn linear_weight_backward(x: FloatTensor<Self>, output_grad: FloatTensor<Self>) -> FloatTensor<Self> {
+    fn linear_weight_backward(
+        x: FloatTensor<Self>,
+        output_grad: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
         let ctx = x.ctx.clone();
         let x = full_inner(x, "linear_weight_backward");
         let dy = full_inner(output_grad, "linear_weight_backward");
@@ -225,7 +249,11 @@ impl<B: Backend> ModuleOps<Self> for Rtp<B> {
         options: ConvOptions<2>,
     ) -> FloatTensor<Self> {
         let ctx = x.ctx.clone();
-        let (x, w, b) = (full_inner(x, "conv2d"), full_inner(weight, "conv2d"), opt_full(bias, "conv2d"));
+        let (x, w, b) = (
+            full_inner(x, "conv2d"),
+            full_inner(weight, "conv2d"),
+            opt_full(bias, "conv2d"),
+        );
         local(&ctx, B::conv2d(x, w, b, options))
     }
 
@@ -286,7 +314,11 @@ impl<B: Backend> ModuleOps<Self> for Rtp<B> {
         options: ConvOptions<3>,
     ) -> FloatTensor<Self> {
         let ctx = x.ctx.clone();
-        let (x, w, b) = (full_inner(x, "conv3d"), full_inner(weight, "conv3d"), opt_full(bias, "conv3d"));
+        let (x, w, b) = (
+            full_inner(x, "conv3d"),
+            full_inner(weight, "conv3d"),
+            opt_full(bias, "conv3d"),
+        );
         local(&ctx, B::conv3d(x, w, b, options))
     }
 
@@ -298,7 +330,11 @@ impl<B: Backend> ModuleOps<Self> for Rtp<B> {
     ) -> FloatTensor<Self> {
         let ctx = x.ctx.clone();
         let op = "conv_transpose2d";
-        let (x, w, b) = (full_inner(x, op), full_inner(weight, op), opt_full(bias, op));
+        let (x, w, b) = (
+            full_inner(x, op),
+            full_inner(weight, op),
+            opt_full(bias, op),
+        );
         local(&ctx, B::conv_transpose2d(x, w, b, options))
     }
 
@@ -310,7 +346,11 @@ impl<B: Backend> ModuleOps<Self> for Rtp<B> {
     ) -> FloatTensor<Self> {
         let ctx = x.ctx.clone();
         let op = "conv_transpose3d";
-        let (x, w, b) = (full_inner(x, op), full_inner(weight, op), opt_full(bias, op));
+        let (x, w, b) = (
+            full_inner(x, op),
+            full_inner(weight, op),
+            opt_full(bias, op),
+        );
         local(&ctx, B::conv_transpose3d(x, w, b, options))
     }
 
@@ -324,7 +364,17 @@ impl<B: Backend> ModuleOps<Self> for Rtp<B> {
     ) -> FloatTensor<Self> {
         let ctx = x.ctx.clone();
         let x = full_inner(x, "avg_pool2d");
-        local(&ctx, B::avg_pool2d(x, kernel_size, stride, padding, count_include_pad, ceil_mode))
+        local(
+            &ctx,
+            B::avg_pool2d(
+                x,
+                kernel_size,
+                stride,
+                padding,
+                count_include_pad,
+                ceil_mode,
+            ),
+        )
     }
 
     fn avg_pool2d_backward(
@@ -341,19 +391,36 @@ impl<B: Backend> ModuleOps<Self> for Rtp<B> {
         let (x, g) = (full_inner(x, op), full_inner(grad, op));
         local(
             &ctx,
-            B::avg_pool2d_backward(x, g, kernel_size, stride, padding, count_include_pad, ceil_mode),
+            B::avg_pool2d_backward(
+                x,
+                g,
+                kernel_size,
+                stride,
+                padding,
+                count_include_pad,
+                ceil_mode,
+            ),
         )
     }
 
     fn adaptive_avg_pool2d(x: FloatTensor<Self>, output_size: [usize; 2]) -> FloatTensor<Self> {
         let ctx = x.ctx.clone();
-        local(&ctx, B::adaptive_avg_pool2d(full_inner(x, "adaptive_avg_pool2d"), output_size))
+        local(
+            &ctx,
+            B::adaptive_avg_pool2d(full_inner(x, "adaptive_avg_pool2d"), output_size),
+        )
     }
 
-    fn adaptive_avg_pool2d_backward(x: FloatTensor<Self>, grad: FloatTensor<Self>) -> FloatTensor<Self> {
+    fn adaptive_avg_pool2d_backward(
+        x: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
         let ctx = x.ctx.clone();
         let op = "adaptive_avg_pool2d_backward";
-        local(&ctx, B::adaptive_avg_pool2d_backward(full_inner(x, op), full_inner(grad, op)))
+        local(
+            &ctx,
+            B::adaptive_avg_pool2d_backward(full_inner(x, op), full_inner(grad, op)),
+        )
     }
 
     fn max_pool2d(
@@ -366,7 +433,10 @@ impl<B: Backend> ModuleOps<Self> for Rtp<B> {
     ) -> FloatTensor<Self> {
         let ctx = x.ctx.clone();
         let x = full_inner(x, "max_pool2d");
-        local(&ctx, B::max_pool2d(x, kernel_size, stride, padding, dilation, ceil_mode))
+        local(
+            &ctx,
+            B::max_pool2d(x, kernel_size, stride, padding, dilation, ceil_mode),
+        )
     }
 
     fn max_pool2d_with_indices(
@@ -414,7 +484,10 @@ impl<B: Backend> ModuleOps<Self> for Rtp<B> {
         options: InterpolateOptions,
     ) -> FloatTensor<Self> {
         let ctx = x.ctx.clone();
-        local(&ctx, B::interpolate(full_inner(x, "interpolate"), output_size, options))
+        local(
+            &ctx,
+            B::interpolate(full_inner(x, "interpolate"), output_size, options),
+        )
     }
 
     fn interpolate_backward(
@@ -427,7 +500,12 @@ impl<B: Backend> ModuleOps<Self> for Rtp<B> {
         let op = "interpolate_backward";
         local(
             &ctx,
-            B::interpolate_backward(full_inner(x, op), full_inner(grad, op), output_size, options),
+            B::interpolate_backward(
+                full_inner(x, op),
+                full_inner(grad, op),
+                output_size,
+                options,
+            ),
         )
     }
 
@@ -452,7 +530,11 @@ impl<B: Backend> ModuleOps<Self> for Rtp<B> {
         local(&ctx, out)
     }
 
-    fn rfft(signal: FloatTensor<Self>, dim: usize, n: Option<usize>) -> (FloatTensor<Self>, FloatTensor<Self>) {
+    fn rfft(
+        signal: FloatTensor<Self>,
+        dim: usize,
+        n: Option<usize>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         let ctx = signal.ctx.clone();
         let (re, im) = B::rfft(gathered(signal, "rfft").0, dim, n);
         (local(&ctx, re), local(&ctx, im))
@@ -466,6 +548,14 @@ impl<B: Backend> ModuleOps<Self> for Rtp<B> {
     ) -> FloatTensor<Self> {
         let ctx = spectrum_re.ctx.clone();
         let op = "irfft";
-        local(&ctx, B::irfft(full_inner(spectrum_re, op), full_inner(spectrum_im, op), dim, n))
+        local(
+            &ctx,
+            B::irfft(
+                full_inner(spectrum_re, op),
+                full_inner(spectrum_im, op),
+                dim,
+                n,
+            ),
+        )
     }
 }

@@ -1,12 +1,12 @@
 //! Quantized ops: quantized tensors are always local and pass through.
 
 use crate::backend::Rtp;
+use crate::device::RtpDevice;
 use crate::tensor::{Layout, RtpTensor};
 use crate::world::current_device;
-use crate::device::RtpDevice;
 use burn::tensor::backend::{Backend, ExecutionError};
 use burn::tensor::ops::*;
-use burn::tensor::{BoolDType, Distribution, FloatDType, IntDType, Scalar, Shape, Slice, TensorData};
+use burn::tensor::{FloatDType, Shape, Slice, TensorData};
 
 type Device<B> = <B as burn::tensor::backend::BackendTypes>::Device;
 
@@ -52,7 +52,11 @@ impl<B: Backend> QTensorOps<Self> for Rtp<B> {
     fn q_expand(tensor: QuantizedTensor<Self>, shape: Shape) -> QuantizedTensor<Self> {
         B::q_expand(tensor, shape)
     }
-    fn q_swap_dims(tensor: QuantizedTensor<Self>, dim1: usize, dim2: usize) -> QuantizedTensor<Self> {
+    fn q_swap_dims(
+        tensor: QuantizedTensor<Self>,
+        dim1: usize,
+        dim2: usize,
+    ) -> QuantizedTensor<Self> {
         B::q_swap_dims(tensor, dim1, dim2)
     }
     fn q_permute(tensor: QuantizedTensor<Self>, axes: &[usize]) -> QuantizedTensor<Self> {
@@ -61,7 +65,11 @@ impl<B: Backend> QTensorOps<Self> for Rtp<B> {
     fn q_flip(tensor: QuantizedTensor<Self>, axes: &[usize]) -> QuantizedTensor<Self> {
         B::q_flip(tensor, axes)
     }
-    fn q_select( tensor: QuantizedTensor<Self>, dim: usize, indices: IntTensor<Self>) -> QuantizedTensor<Self> {
+    fn q_select(
+        tensor: QuantizedTensor<Self>,
+        dim: usize,
+        indices: IntTensor<Self>,
+    ) -> QuantizedTensor<Self> {
         B::q_select(tensor, dim, indices)
     }
     fn q_slice(tensor: QuantizedTensor<Self>, slices: &[Slice]) -> QuantizedTensor<Self> {

@@ -1,6 +1,6 @@
 //! The embedded default: ranks are threads of one process and shards are handed over.
 
-use super::{Header, Payload, RecvHandle, SendHandle, Transport, BufferKind};
+use super::{BufferKind, Header, Payload, RecvHandle, SendHandle, Transport};
 use crate::error::{RtpError, RtpResult};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -72,8 +72,12 @@ pub trait Transport<T: Send + 'static>: Send + Sync {
     /// Which buffers this transport wants.
     fn buffer_kind(&self) -> BufferKind;
     /// Starts sending `payload` to rank `to`.
-    fn isend(&self, to: usize, header: Header, payload: Payload<T>)
-        -> RtpResult<Box<dyn SendHandle>>;
+    fn isend(
+        &self,
+        to: usize,
+        header: Header,
+        payload: Payload<T>,
+    ) -> RtpResult<Box<dyn SendHandle>>;
     /// Posts a receive of the message `expect` from rank `from`.
     fn irecv(&self, from: usize, expect: Header) -> RtpResult<Box<dyn RecvHandle<T>>>;
     /// Tells every rank that this one failed, so that nobody waits for it.

@@ -4,8 +4,12 @@
 use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};
 use burn::nn::attention::generate_autoregressive_mask;
 use burn::nn::loss::CrossEntropyLossConfig;
-use burn::nn::transformer::{TransformerEncoder, TransformerEncoderConfig, TransformerEncoderInput};
-use burn::nn::{Embedding, EmbeddingConfig, LayerNorm, LayerNormConfig, Linear, LinearConfig, Relu};
+use burn::nn::transformer::{
+    TransformerEncoder, TransformerEncoderConfig, TransformerEncoderInput,
+};
+use burn::nn::{
+    Embedding, EmbeddingConfig, LayerNorm, LayerNormConfig, Linear, LinearConfig, Relu,
+};
 use burn::optim::decay::WeightDecayConfig;
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
@@ -82,7 +86,9 @@ impl<B: Backend> TinyLm<B> {
             .repeat_dim(0, batch);
         let x = self.tok.forward(tokens) + self.pos.forward(positions);
         let mask = generate_autoregressive_mask::<B>(batch, seq, &device);
-        let h = self.encoder.forward(TransformerEncoderInput::new(x).mask_attn(mask));
+        let h = self
+            .encoder
+            .forward(TransformerEncoderInput::new(x).mask_attn(mask));
         let logits = self.head.forward(self.norm.forward(h));
         let d = logits.dims()[2];
         CrossEntropyLossConfig::new().init(&device).forward(
@@ -111,7 +117,9 @@ pub fn data(step: usize) -> Data {
     let x = (0..GLOBAL_BATCH * D_MODEL)
         .map(|_| (next() % 2000) as f32 / 1000.0 - 1.0)
         .collect();
-    let labels = (0..GLOBAL_BATCH).map(|_| (next() % VOCAB as u64) as i64).collect();
+    let labels = (0..GLOBAL_BATCH)
+        .map(|_| (next() % VOCAB as u64) as i64)
+        .collect();
     let stream: Vec<i64> = (0..GLOBAL_BATCH * (SEQ + 1))
         .map(|_| (next() % VOCAB as u64) as i64)
         .collect();
@@ -143,18 +151,32 @@ pub fn rows(rank: usize, world: usize) -> std::ops::Range<usize> {
     rank * per..(rank + 1) * per
 }
 
-pub fn step_loss_mlp<B: Backend>(m: &Mlp<B>, step: usize, r: std::ops::Range<usize>, d: &B::Device) -> Tensor<B, 1> {
+pub fn step_loss_mlp<B: Backend>(
+    m: &Mlp<B>,
+    step: usize,
+    r: std::ops::Range<usize>,
+    d: &B::Device,
+) -> Tensor<B, 1> {
     let data = data(step);
     let n = r.len();
     let x = Tensor::<B, 2>::from_data(
-        TensorData::new(data.x[r.start * D_MODEL..r.end * D_MODEL].to_vec(), [n, D_MODEL]),
+        TensorData::new(
+            data.x[r.start * D_MODEL..r.end * D_MODEL].to_vec(),
+            [n, D_MODEL],
+        ),
         d,
     );
-    let y = Tensor::<B, 1, Int>::from_data(TensorData::new(data.labels[r.clone()].to_vec(), [n]), d);
+    let y =
+        Tensor::<B, 1, Int>::from_data(TensorData::new(data.labels[r.clone()].to_vec(), [n]), d);
     m.loss(x, y)
 }
 
-pub fn step_loss_lm<B: Backend>(m: &TinyLm<B>, step: usize, r: std::ops::Range<usize>, d: &B::Device) -> Tensor<B, 1> {
+pub fn step_loss_lm<B: Backend>(
+    m: &TinyLm<B>,
+    step: usize,
+    r: std::ops::Range<usize>,
+    d: &B::Device,
+) -> Tensor<B, 1> {
     let data = data(step);
     let n = r.len();
     let tokens = Tensor::<B, 2, Int>::from_data(
@@ -177,7 +199,14 @@ pub fn param_values<B: Backend, M: Module<B>>(m: &M) -> Vec<Vec<f32>> {
     struct Collect(Vec<Vec<f32>>);
     impl<B: Backend> ModuleVisitor<B> for Collect {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-            self.0.push(param.val().into_data().convert::<f32>().to_vec::<f32>().unwrap());
+            self.0.push(
+                param
+                    .val()
+                    .into_data()
+                    .convert::<f32>()
+                    .to_vec::<f32>()
+                    .unwrap(),
+            );
         }
     }
     let mut c = Collect(Vec::new());

@@ -1,0 +1,177 @@
+//! Bad input and failing peers give typed errors that name the rank, and never hang.
+
+mod common;
+
+use burn::nn::{Linear, LinearConfig};
+use burn::optim::{GradientsParams, Optimizer};
+use burn::tensor::{Distribution, Tensor};
+use burn_rtp::{check_rank, launch, try_launch, Rtp, RtpConfig, RtpError};
+use common::*;
+use std::time::{Duration, Instant};
+
+type Dist = burn::backend::Autodiff<Rtp<burn::backend::NdArray>>;
+
+#[test]
+fn world_size_zero_is_rejected() {
+    let err = launch(
+        RtpConfig::new(0),
+        |_device: burn_rtp::RtpDevice<burn::backend::NdArray>| (),
+    )
+    .unwrap_err();
+    assert_eq!(err, RtpError::EmptyWorld);
+}
+
+#[test]
+fn a_rank_outside_the_world_is_rejected() {
+    assert_eq!(
+        check_rank(4, 4),
+        Err(RtpError::RankOutOfRange {
+            rank: 4,
+            world_size: 4
+        })
+    );
+    assert!(check_rank(3, 4).is_ok());
+    let hub = burn_rtp::transport::InProcessHub::new(4, Duration::from_secs(1));
+    let err = burn_rtp::register_device::<burn::backend::NdArray>(
+        7,
+        1,
+        Default::default(),
+        std::sync::Arc::new(hub.endpoint(0)),
+        RtpConfig::new(4),
+    )
+    .unwrap_err();
+    assert_eq!(
+        err,
+        RtpError::RankOutOfRange {
+            rank: 7,
+            world_size: 4
+        }
+    );
+    assert!(err.to_string().contains("rank 7"));
+    assert_eq!(check_rank(0, 0), Err(RtpError::EmptyWorld));
+}
+
+#[test]
+fn ranks_that_disagree_on_a_parameter_shape_fail_with_desync() {
+    let err = launch(RtpConfig::new(2), |device| {
+        let d_out = if device.rank() == 0 { 16 } else { 17 };
+        let layer: Linear<Dist> = LinearConfig::new(8, d_out).init(&device);
+        let x = Tensor::<Dist, 2>::random([4, 8], Distribution::Default, &device);
+        layer.forward(x).sum().into_scalar()
+    })
+    .unwrap_err();
+    let text = err.to_string();
+    assert!(matches!(err, RtpError::Desync { .. }), "{text}");
+    assert!(text.contains("rank"), "{text}");
+    assert!(text.contains("linear.forward"), "{text}");
+}
+
+#[test]
+fn ranks_that_disagree_on_the_op_sequence_fail_with_desync() {
+    let err = launch(RtpConfig::new(3), |device| {
+        let layer: Linear<Dist> = LinearConfig::new(8, 12).init(&device);
+        let x = Tensor::<Dist, 2>::random([4, 8], Distribution::Default, &device);
+        if device.rank() == 1 {
+            // Rank 1 reads the weight (a gather) where the others run the layer.
+            layer.weight.val().sum().into_scalar()
+        } else {
+            layer.forward(x).sum().into_scalar()
+        }
+    })
+    .unwrap_err();
+    assert!(matches!(err, RtpError::Desync { .. }), "{err}");
+}
+
+#[test]
+fn a_panicking_rank_stops_every_rank_quickly_and_is_named() {
+    let start = Instant::now();
+    let err = launch(RtpConfig::new(4), |device| {
+        let mut model = Mlp::<Dist>::new(&device);
+        let mut optim = burn_rtp::RtpOptimizer::new(adam().init());
+        for step in 0..20 {
+            if device.rank() == 2 && step == 3 {
+                panic!("rank 2 lost its data loader");
+            }
+            let loss = step_loss_mlp(&model, step, rows(device.rank(), 4), &device);
+            let grads = GradientsParams::from_grads(loss.backward(), &model);
+            model = optim.step(LR, model, grads);
+        }
+    })
+    .unwrap_err();
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        start.elapsed()
+    );
+    match err {
+        RtpError::RankFailed { rank, reason } => {
+            assert_eq!(rank, 2);
+            assert!(reason.contains("data loader"), "{reason}");
+        }
+        other => panic!("expected RankFailed for rank 2, got {other}"),
+    }
+}
+
+#[test]
+fn a_rank_returning_an_error_stops_the_others() {
+    let start = Instant::now();
+    let err = try_launch(RtpConfig::new(3), |device| {
+        let layer: Linear<Dist> = LinearConfig::new(8, 12).init(&device);
+        for step in 0..50 {
+            if device.rank() == 0 && step == 2 {
+                return Err(format!("rank 0 hit a corrupt batch at step {step}"));
+            }
+            let x = Tensor::<Dist, 2>::random([4, 8], Distribution::Default, &device);
+            let _ = layer.forward(x).sum().into_scalar();
+        }
+        Ok(())
+    })
+    .unwrap_err();
+    assert!(start.elapsed() < Duration::from_secs(10));
+    assert!(
+        matches!(&err, RtpError::RankFailed { rank: 0, reason } if reason.contains("corrupt batch")),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_rank_that_exits_early_does_not_hang_the_others() {
+    let start = Instant::now();
+    let err = launch(RtpConfig::new(2), |device| {
+        let layer: Linear<Dist> = LinearConfig::new(8, 12).init(&device);
+        let steps = if device.rank() == 0 { 1 } else { 5 };
+        for _ in 0..steps {
+            let x = Tensor::<Dist, 2>::random([4, 8], Distribution::Default, &device);
+            let _ = layer.forward(x).sum().into_scalar();
+        }
+    })
+    .unwrap_err();
+    assert!(start.elapsed() < Duration::from_secs(10));
+    assert!(
+        matches!(
+            err,
+            RtpError::PeerExited {
+                rank: 1,
+                peer: 0,
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn forgetting_the_optimizer_wrapper_is_reported() {
+    let err = launch(RtpConfig::new(2), |device| {
+        let mut model = TinyLm::<Dist>::new(&device);
+        let mut optim = adam().init();
+        for step in 0..2 {
+            let loss = step_loss_lm(&model, step, rows(device.rank(), 2), &device);
+            let grads = GradientsParams::from_grads(loss.backward(), &model);
+            model = optim.step(LR, model, grads);
+        }
+    })
+    .unwrap_err();
+    assert!(matches!(err, RtpError::AmbiguousMix { .. }), "{err}");
+    assert!(err.to_string().contains("RtpOptimizer"), "{err}");
+}
