@@ -3,7 +3,6 @@
 mod common;
 
 use burn::backend::{Autodiff, NdArray};
-use burn::module::Module;
 use burn::optim::{GradientsParams, Optimizer};
 use burn_rtp::{gather_module, launch, Rtp, RtpConfig, RtpOptimizer};
 use common::*;
