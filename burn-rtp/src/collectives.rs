@@ -2,6 +2,8 @@
 //! tensor, and all-reduce small host vectors. Every rank sums in rank order, so all ranks get
 //! bit-identical results, which keeps replicated values replicated.
 
+use crate::rotation::{reduce_scatter, rotate};
+use crate::sharding::ShardSpec;
 use crate::tensor::{Layout, RtpTensor};
 use crate::transport::{BufferKind, Header, Payload};
 use crate::world::RankCtx;
@@ -197,4 +199,43 @@ pub(crate) fn all_reduce_sum<B: Backend>(
 /// Blocks until every rank reaches the same barrier.
 pub(crate) fn barrier<B: Backend>(ctx: &RankCtx<B>) {
     all_reduce_sum_host(ctx, "barrier", Vec::new());
+}
+
+/// Sums an inner tensor over all ranks around the ring: a reduce-scatter of `N` chunks, then
+/// an all-gather of the reduced chunks. Each chunk is reduced once, on its home rank, so every
+/// rank ends with the same bits.
+pub(crate) fn all_reduce_ring<B: Backend>(
+    ctx: &Arc<RankCtx<B>>,
+    op: &'static str,
+    t: B::FloatTensorPrimitive,
+) -> B::FloatTensorPrimitive {
+    let n = ctx.world_size;
+    let shape = t.shape();
+    let numel = shape.num_elements();
+    if n == 1 {
+        return t;
+    }
+    if numel < n {
+        return all_reduce_sum(ctx, op, t);
+    }
+    let flat = B::float_reshape(t, Shape::new([numel]));
+    let spec = ShardSpec {
+        full: Shape::new([numel]),
+        world: n,
+    };
+    let chunk = |j: usize| vec![vec![spec.range(j).len]];
+    let own = reduce_scatter(ctx, op, chunk, |j| {
+        let r = spec.range(j);
+        vec![burn_rtp_kernels::column_slice::<B>(flat.clone(), r.start, r.len)]
+    })
+    .remove(0);
+    let mut parts: Vec<Option<B::FloatTensorPrimitive>> = vec![None; n];
+    rotate(ctx, "all_reduce.all_gather", vec![own], chunk, |j, chunk| {
+        parts[j] = Some(chunk[0].clone())
+    });
+    let parts = parts
+        .into_iter()
+        .map(|p| p.expect("every chunk visited"))
+        .collect();
+    B::float_reshape(burn_rtp_kernels::assemble_columns::<B>(parts, 0), shape)
 }

@@ -34,11 +34,50 @@ impl std::fmt::Display for RotationMode {
     }
 }
 
+/// How parameters are placed and moved: RTP, or one of the two baselines it is measured against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Strategy {
+    /// Rotated Tensor Parallelism: shards rotate through every Linear and Embedding.
+    #[default]
+    Rtp,
+    /// ZeRO-3 / FSDP: shards are all-gathered into the full weight before use, and gradients
+    /// are reduce-scattered.
+    Fsdp,
+    /// Data parallelism: every parameter is replicated and gradients are all-reduced.
+    Ddp,
+}
+
+impl std::str::FromStr for Strategy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "rtp" => Ok(Self::Rtp),
+            "fsdp" | "zero3" => Ok(Self::Fsdp),
+            "ddp" => Ok(Self::Ddp),
+            other => Err(format!(
+                "unknown strategy `{other}`: expected `rtp`, `fsdp` or `ddp`"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for Strategy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Rtp => "rtp",
+            Self::Fsdp => "fsdp",
+            Self::Ddp => "ddp",
+        })
+    }
+}
+
 /// Settings shared by every rank of a world.
 #[derive(Debug, Clone)]
 pub struct RtpConfig {
     /// Number of ranks.
     pub world_size: usize,
+    /// Placement strategy.
+    pub strategy: Strategy,
     /// Rotation variant.
     pub rotation: RotationMode,
     /// Parameters with fewer elements than this stay replicated instead of sharded.
@@ -54,11 +93,18 @@ impl RtpConfig {
     pub fn new(world_size: usize) -> Self {
         Self {
             world_size,
+            strategy: Strategy::Rtp,
             rotation: RotationMode::OutOfPlace,
             shard_threshold: 0,
             peer_timeout: Duration::from_secs(120),
             gather_fallback: true,
         }
+    }
+
+    /// Sets the placement strategy.
+    pub fn with_strategy(mut self, strategy: Strategy) -> Self {
+        self.strategy = strategy;
+        self
     }
 
     /// Sets the rotation variant.

@@ -97,6 +97,12 @@ impl<B: Backend> RtpDevice<B> {
         crate::collectives::barrier(&self.ctx)
     }
 
+    /// The mean of `value` over all ranks (a collective: every rank must call it).
+    pub fn all_reduce_mean(&self, value: f32) -> f32 {
+        let sum = crate::collectives::all_reduce_sum_host(&self.ctx, "all_reduce_mean", vec![value]);
+        sum[0] / self.ctx.world_size as f32
+    }
+
     /// The configuration of the world.
     pub fn config(&self) -> &crate::RtpConfig {
         &self.ctx.config

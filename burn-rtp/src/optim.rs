@@ -2,7 +2,7 @@
 //! (LayerNorm gains, say): wrap the optimizer so that such gradients are averaged over ranks.
 
 use crate::backend::Rtp;
-use crate::collectives::all_reduce_sum;
+use crate::collectives::all_reduce_ring;
 use crate::sharding::ShardRange;
 use crate::tensor::{Layout, RtpTensor};
 use burn::module::{AutodiffModule, ModuleVisitor, Param};
@@ -52,7 +52,7 @@ fn sync_gradient<I: Backend>(param: &Layout, grad: RtpTensor<I>) -> RtpTensor<I>
     }
     let ctx = grad.ctx.clone();
     let n = ctx.world_size as f64;
-    let summed = all_reduce_sum(&ctx, "optimizer.average_gradient", grad.inner.clone());
+    let summed = all_reduce_ring(&ctx, "optimizer.average_gradient", grad.inner.clone());
     let mean = I::float_mul_scalar(summed, Scalar::Float(1.0 / n));
     match param {
         Layout::Sharded(spec) => {

@@ -47,6 +47,18 @@ impl<B: Backend> RankCtx<B> {
         self.seq.fetch_add(1, Ordering::Relaxed)
     }
 
+    /// Where a parameter (or its gradient) of logical `shape` lives: its split, or `None` when
+    /// it is replicated. Creation and every gradient-producing op ask this one function, so a
+    /// gradient always has the layout of its parameter.
+    pub(crate) fn param_spec(&self, shape: &burn::tensor::Shape) -> Option<crate::sharding::ShardSpec> {
+        let sharded = self.config.strategy != crate::config::Strategy::Ddp
+            && crate::sharding::is_sharded_param(shape, self.world_size, self.config.shard_threshold);
+        sharded.then(|| crate::sharding::ShardSpec {
+            full: shape.clone(),
+            world: self.world_size,
+        })
+    }
+
     /// Whether parameters are being created right now (inside `memory_persistent_allocations`).
     pub(crate) fn persistent(&self) -> bool {
         self.persistent.load(Ordering::Acquire) > 0

@@ -4,7 +4,7 @@
 mod common;
 
 use burn::backend::{Autodiff, NdArray};
-use burn_rtp::{launch, RotationMode, Rtp, RtpConfig, RtpOptimizer};
+use burn_rtp::{launch, RotationMode, Rtp, RtpConfig, RtpOptimizer, Strategy};
 use common::*;
 
 type Ref = Autodiff<NdArray>;
@@ -44,6 +44,12 @@ fn compare(
 }
 
 fn run_mlp(world: usize, mode: RotationMode) {
+    run_mlp_with(RtpConfig::new(world).with_rotation(mode));
+}
+
+fn run_mlp_with(config: RtpConfig) {
+    let world = config.world_size;
+    let label = format!("N={world} {} {}", config.strategy, config.rotation);
     let device = Default::default();
     // Params initialise lazily, so fix the weights by a save/load round trip first.
     let weights = to_bytes(Mlp::<Ref>::new(&device));
@@ -58,7 +64,7 @@ fn run_mlp(world: usize, mode: RotationMode) {
         step_loss_mlp,
     );
     let ref_params = param_values(&trained);
-    let runs = launch(RtpConfig::new(world).with_rotation(mode), |device| {
+    let runs = launch(config, |device| {
         let model = load_bytes(Mlp::<Dist>::new(&device), &weights, &device);
         let optim = RtpOptimizer::new(adam().init());
         let (model, losses) = train(
@@ -78,11 +84,17 @@ fn run_mlp(world: usize, mode: RotationMode) {
         &ref_losses,
         &ref_params,
         runs,
-        &format!("N={world} {mode}"),
+        &label,
     );
 }
 
 fn run_lm(world: usize, mode: RotationMode) {
+    run_lm_with(RtpConfig::new(world).with_rotation(mode));
+}
+
+fn run_lm_with(config: RtpConfig) {
+    let world = config.world_size;
+    let label = format!("N={world} {} {}", config.strategy, config.rotation);
     let device = Default::default();
     // Params initialise lazily, so fix the weights by a save/load round trip first.
     let weights = to_bytes(TinyLm::<Ref>::new(&device));
@@ -97,7 +109,7 @@ fn run_lm(world: usize, mode: RotationMode) {
         step_loss_lm,
     );
     let ref_params = param_values(&trained);
-    let runs = launch(RtpConfig::new(world).with_rotation(mode), |device| {
+    let runs = launch(config, |device| {
         let model = load_bytes(TinyLm::<Dist>::new(&device), &weights, &device);
         let optim = RtpOptimizer::new(adam().init());
         let (model, losses) = train(
@@ -117,7 +129,7 @@ fn run_lm(world: usize, mode: RotationMode) {
         &ref_losses,
         &ref_params,
         runs,
-        &format!("N={world} {mode}"),
+        &label,
     );
 }
 
@@ -151,6 +163,15 @@ cases! {
     lm_n3_in_place: run_lm, 3, RotationMode::InPlace;
     lm_n4_in_place: run_lm, 4, RotationMode::InPlace;
     lm_n8_in_place: run_lm, 8, RotationMode::InPlace;
+}
+
+/// The two baselines run on the same machinery and must train identically too.
+#[test]
+fn baselines_match_single_device() {
+    for strategy in [Strategy::Fsdp, Strategy::Ddp] {
+        run_mlp_with(RtpConfig::new(4).with_strategy(strategy));
+        run_lm_with(RtpConfig::new(3).with_strategy(strategy));
+    }
 }
 
 /// The rotation really shards: parameters are 1/N per rank and only the LayerNorm gains and

@@ -3,7 +3,7 @@ use crate::backend::Rtp;
 use crate::collectives::all_reduce_sum;
 use crate::device::RtpDevice;
 use crate::error::{raise, RtpError};
-use crate::sharding::{flyweight_random, is_sharded_param, shard_range, slice_last_dim, ShardSpec};
+use crate::sharding::{flyweight_random, shard_range, slice_last_dim, ShardSpec};
 use crate::tensor::{Layout, RtpTensor};
 use burn::tensor::backend::{Backend, ExecutionError};
 use burn::tensor::ops::{BoolTensor, FloatTensor, FloatTensorOps, IntTensor};
@@ -25,13 +25,9 @@ fn creation<B: Backend>(device: &RtpDevice<B>, shape: &Shape) -> Creation {
     if !ctx.persistent() {
         return Creation::Local;
     }
-    if is_sharded_param(shape, ctx.world_size, ctx.config.shard_threshold) {
-        Creation::Sharded(ShardSpec {
-            full: shape.clone(),
-            world: ctx.world_size,
-        })
-    } else {
-        Creation::Replicated
+    match ctx.param_spec(shape) {
+        Some(spec) => Creation::Sharded(spec),
+        None => Creation::Replicated,
     }
 }
 

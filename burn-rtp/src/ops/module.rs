@@ -4,7 +4,10 @@
 use super::{full_inner, gathered, Float};
 use crate::backend::Rtp;
 use crate::rotation::{reduce_scatter, rotate};
-use crate::sharding::{is_sharded_param, ShardSpec};
+use crate::accounting::{Category, Charge};
+use crate::collectives::all_gather;
+use crate::config::Strategy;
+use crate::sharding::ShardSpec;
 use crate::tensor::{Layout, RtpTensor};
 use crate::world::RankCtx;
 use burn::tensor::backend::Backend;
@@ -31,12 +34,42 @@ fn mean_over_ranks<B: Backend>(ctx: &RankCtx<B>, g: Float<B>) -> Float<B> {
     }
 }
 
-/// Placement of a parameter gradient of `shape`: the same policy that placed the parameter.
-fn grad_spec<B: Backend>(ctx: &RankCtx<B>, shape: Shape) -> Option<ShardSpec> {
-    is_sharded_param(&shape, ctx.world_size, ctx.config.shard_threshold).then(|| ShardSpec {
-        full: shape,
-        world: ctx.world_size,
-    })
+
+/// FSDP's all-gather of a whole parameter, charged as in flight while the returned guard lives.
+fn gather_unit<B: Backend>(t: &RtpTensor<B>, op: &'static str) -> (Float<B>, Arc<Charge>) {
+    let full = all_gather(t, op);
+    let bytes = full.shape().num_elements() * full.dtype().size();
+    let charge = t.ctx.ledger.charge(Category::InFlight, bytes);
+    (full, charge)
+}
+
+/// FSDP's gradient: the full local gradient is reduce-scattered; rank `r` keeps shard `r`.
+fn reduce_scatter_full<B: Backend>(
+    ctx: &Arc<RankCtx<B>>,
+    op: &'static str,
+    spec: ShardSpec,
+    full: Float<B>,
+) -> RtpTensor<B> {
+    let prefix: Vec<usize> = spec.full[..spec.full.num_dims() - 1].to_vec();
+    let mut own = reduce_scatter(
+        ctx,
+        op,
+        |j| {
+            let mut s = prefix.clone();
+            s.push(spec.range(j).len);
+            vec![s]
+        },
+        |j| {
+            let range = spec.range(j);
+            vec![kernels::column_slice::<B>(full.clone(), range.start, range.len)]
+        },
+    );
+    let g = mean_over_ranks(ctx, own.remove(0));
+    RtpTensor::new(ctx.clone(), g, Layout::Sharded(spec))
+}
+
+fn is_fsdp<B: Backend>(ctx: &RankCtx<B>) -> bool {
+    ctx.config.strategy == Strategy::Fsdp
 }
 
 fn last(s: &Shape) -> usize {
@@ -58,6 +91,10 @@ impl<B: Backend> ModuleOps<Self> for Rtp<B> {
             let w = full_inner(weights, "embedding");
             return local(&ctx, B::embedding(w, indices));
         };
+        if is_fsdp(&ctx) {
+            let (w, _unit) = gather_unit(&weights, "embedding.gather");
+            return local(&ctx, B::embedding(w, indices));
+        }
         let rows = spec.full[0];
         let mut parts: Vec<Option<Float<B>>> = vec![None; ctx.world_size];
         rotate(
@@ -93,6 +130,10 @@ impl<B: Backend> ModuleOps<Self> for Rtp<B> {
         };
         let rows = spec.full[0];
         let dy = full_inner(output_grad, "embedding_backward");
+        if is_fsdp(&ctx) {
+            let full = kernels::accumulate_embedding_grad::<B>(None, rows, dy, indices);
+            return reduce_scatter_full(&ctx, "embedding.reduce_scatter", spec, full);
+        }
         let mut own = reduce_scatter(
             &ctx,
             "embedding.backward",
@@ -125,6 +166,14 @@ impl<B: Backend> ModuleOps<Self> for Rtp<B> {
             return local(&ctx, B::linear(x, w, b));
         };
         let x = full_inner(x, "linear");
+        if is_fsdp(&ctx) {
+            let (w, _unit) = gather_unit(&weight, "linear.gather");
+            let b = bias.map(|b| match &b.layout {
+                Layout::Sharded(_) => all_gather(&b, "linear.gather_bias"),
+                _ => b.inner.clone(),
+            });
+            return local(&ctx, B::linear(x, w, b));
+        }
         let ndims = x.shape().num_dims();
         let d_in = spec.full[0];
         // A bias split like the weight travels with it; any other bias is added at the end.
@@ -176,6 +225,10 @@ impl<B: Backend> ModuleOps<Self> for Rtp<B> {
             return local(&ctx, B::linear_x_backward(w, dy));
         };
         let dy = full_inner(output_grad, "linear_x_backward");
+        if is_fsdp(&ctx) {
+            let (w, _unit) = gather_unit(&weight, "linear.gather_backward");
+            return local(&ctx, B::linear_x_backward(w, dy));
+        }
         let d_in = spec.full[0];
         let mut acc: Option<Float<B>> = None;
         rotate(
@@ -204,9 +257,13 @@ impl<B: Backend> ModuleOps<Self> for Rtp<B> {
         let x = full_inner(x, "linear_weight_backward");
         let dy = full_inner(output_grad, "linear_weight_backward");
         let shape = Shape::new([last(&x.shape()), last(&dy.shape())]);
-        let Some(spec) = grad_spec(&ctx, shape) else {
+        let Some(spec) = ctx.param_spec(&shape) else {
             return local(&ctx, B::linear_weight_backward(x, dy));
         };
+        if is_fsdp(&ctx) {
+            let full = B::linear_weight_backward(x, dy);
+            return reduce_scatter_full(&ctx, "linear.reduce_scatter_weight", spec, full);
+        }
         let d_in = spec.full[0];
         let mut own = reduce_scatter(
             &ctx,
@@ -225,9 +282,13 @@ impl<B: Backend> ModuleOps<Self> for Rtp<B> {
     fn linear_bias_backward(output_grad: FloatTensor<Self>) -> FloatTensor<Self> {
         let ctx = output_grad.ctx.clone();
         let dy = full_inner(output_grad, "linear_bias_backward");
-        let Some(spec) = grad_spec(&ctx, Shape::new([last(&dy.shape())])) else {
+        let Some(spec) = ctx.param_spec(&Shape::new([last(&dy.shape())])) else {
             return local(&ctx, B::linear_bias_backward(dy));
         };
+        if is_fsdp(&ctx) {
+            let full = B::linear_bias_backward(dy);
+            return reduce_scatter_full(&ctx, "linear.reduce_scatter_bias", spec, full);
+        }
         let mut own = reduce_scatter(
             &ctx,
             "linear.backward_bias",
