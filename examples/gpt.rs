@@ -1,47 +1,74 @@
-//! Trains a small byte-level GPT with Rotated Tensor Parallelism on in-process CPU ranks and
-//! prints what each rank holds against what one device would hold.
+//! Trains a byte-level GPT under `single`, `ddp`, `fsdp` or `rtp` on in-process ranks and
+//! shows what each rank holds against what one device would hold.
 //!
 //! `cargo run --release --example gpt -- --help`
 
-use burn::backend::{Autodiff, NdArray};
-use burn::module::Module;
-use burn::nn::attention::generate_autoregressive_mask;
-use burn::nn::loss::CrossEntropyLossConfig;
-use burn::nn::transformer::{
-    TransformerEncoder, TransformerEncoderConfig, TransformerEncoderInput,
+use burn_rtp::{human_bytes, RotationMode};
+use burn_rtp_examples::checkpoint::consolidate_checkpoint;
+use burn_rtp_examples::trainer::StepEvent;
+use burn_rtp_examples::{
+    train, GptConfig, Progress, Report, StrategyName, TrainConfig, TrainOutcome,
 };
-use burn::nn::{Embedding, EmbeddingConfig, LayerNorm, LayerNormConfig, Linear, LinearConfig};
-use burn::optim::{AdamConfig, GradientsParams, Optimizer};
-use burn::tensor::backend::Backend;
-use burn::tensor::{Int, Tensor, TensorData};
-use burn_rtp::{human_bytes, launch, MemoryStats, RotationMode, Rtp, RtpConfig, RtpOptimizer};
-use clap::Parser;
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
+use std::path::PathBuf;
+use std::process::ExitCode;
 
-const CORPUS: &str = include_str!("data/tiny.txt");
-const VOCAB: usize = 256;
+/// Train a byte-level GPT with Rotated Tensor Parallelism (or a baseline) on CPU ranks.
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    train: TrainArgs,
+}
 
-/// Command line of the example.
-#[derive(Parser, Debug, Clone)]
-#[command(about = "Train a byte-level GPT with Rotated Tensor Parallelism on CPU ranks")]
-struct Args {
-    /// Number of in-process ranks.
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Gather a checkpoint into one ordinary Burn record that single-device Burn loads.
+    Consolidate {
+        /// Checkpoint folder (a step-* folder or the --checkpoint-dir root).
+        #[arg(long)]
+        checkpoint: PathBuf,
+        /// Output file.
+        #[arg(long)]
+        out: PathBuf,
+    },
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug)]
+enum BackendName {
+    Ndarray,
+    Wgpu,
+    Cuda,
+}
+
+#[derive(Args, Debug)]
+struct TrainArgs {
+    /// single | ddp | fsdp | rtp
+    #[arg(long, default_value = "rtp")]
+    strategy: StrategyName,
+    /// In-process ranks.
     #[arg(long, default_value_t = 4)]
     ranks: usize,
-    /// Rotation variant: out-of-place or in-place.
+    /// out-of-place | in-place
     #[arg(long, default_value = "out-of-place")]
     rotation: RotationMode,
+    /// Inner backend (wgpu and cuda need the cargo features of the same names).
+    #[arg(long, value_enum, default_value = "ndarray")]
+    backend: BackendName,
     /// Training steps.
-    #[arg(long, default_value_t = 150)]
+    #[arg(long, default_value_t = 500)]
     steps: usize,
-    /// Sequences per rank per step.
-    #[arg(long, default_value_t = 8)]
-    batch: usize,
-    /// Sequence length in bytes.
+    /// Global batch: sequences per step over all ranks.
     #[arg(long, default_value_t = 32)]
+    batch: usize,
+    /// Context length in bytes.
+    #[arg(long, default_value_t = 64)]
     seq: usize,
     /// Model width.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 96)]
     d_model: usize,
     /// Transformer blocks.
     #[arg(long, default_value_t = 2)]
@@ -49,175 +76,195 @@ struct Args {
     /// Attention heads.
     #[arg(long, default_value_t = 4)]
     heads: usize,
-    /// Learning rate.
+    /// Adam learning rate.
     #[arg(long, default_value_t = 3e-3)]
     lr: f64,
+    /// Seed of initialisation and data order.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Train on this UTF-8 file instead of the shipped corpus.
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// Write checkpoints (per-rank shards + manifest) here.
+    #[arg(long)]
+    checkpoint_dir: Option<PathBuf>,
+    /// Also checkpoint every this many steps.
+    #[arg(long, default_value_t = 0)]
+    checkpoint_every: usize,
+    /// Resume from this checkpoint.
+    #[arg(long)]
+    resume: Option<PathBuf>,
+    /// Start from this full-model record (e.g. a consolidated checkpoint).
+    #[arg(long)]
+    init: Option<PathBuf>,
+    /// Write a JSON report here.
+    #[arg(long)]
+    report: Option<PathBuf>,
+    /// Evaluate every this many steps.
+    #[arg(long, default_value_t = 50)]
+    eval_every: usize,
 }
 
-/// A decoder-only GPT built from `burn::nn` modules.
-#[derive(Module, Debug)]
-struct Gpt<B: Backend> {
-    tok: Embedding<B>,
-    pos: Embedding<B>,
-    blocks: TransformerEncoder<B>,
-    norm: LayerNorm<B>,
-    head: Linear<B>,
+struct Bar(ProgressBar);
+
+impl Progress for Bar {
+    fn on_step(&self, e: &StepEvent) {
+        self.0.set_length(e.total as u64);
+        self.0.set_position(e.step as u64);
+        self.0.set_message(format!(
+            "train {:.3} | val {:.3} nats/byte | {:.0} tok/s | rank 0 peak: state {}, activations {}, in flight {}",
+            e.train_loss,
+            e.val_loss,
+            e.tokens_per_s,
+            human_bytes(e.peak.sharded),
+            human_bytes(e.peak.local),
+            human_bytes(e.peak.in_flight),
+        ));
+    }
 }
 
-impl<B: Backend> Gpt<B> {
-    fn new(args: &Args, device: &B::Device) -> Self {
-        Self {
-            tok: EmbeddingConfig::new(VOCAB, args.d_model).init(device),
-            pos: EmbeddingConfig::new(args.seq, args.d_model).init(device),
-            blocks: TransformerEncoderConfig::new(
-                args.d_model,
-                4 * args.d_model,
-                args.heads,
-                args.layers,
+fn run_training(
+    cfg: &TrainConfig,
+    backend: BackendName,
+    progress: &Bar,
+) -> Result<TrainOutcome, String> {
+    let p: Option<&dyn Progress> = Some(progress);
+    match backend {
+        BackendName::Ndarray => train::<burn::backend::NdArray>(cfg, |_| Default::default(), p)
+            .map_err(|e| e.to_string()),
+        #[cfg(feature = "wgpu")]
+        BackendName::Wgpu => {
+            train::<burn::backend::Wgpu>(cfg, |_| Default::default(), p).map_err(|e| e.to_string())
+        }
+        #[cfg(feature = "cuda")]
+        BackendName::Cuda => {
+            use burn::tensor::backend::Backend;
+            let count = <burn::backend::Cuda as Backend>::device_count(0).max(1);
+            train::<burn::backend::Cuda>(
+                cfg,
+                |r| burn::backend::cuda::CudaDevice::new(r % count),
+                p,
             )
-            .with_dropout(0.0)
-            .with_norm_first(true)
-            .init(device),
-            norm: LayerNormConfig::new(args.d_model).init(device),
-            head: LinearConfig::new(args.d_model, VOCAB).init(device),
+            .map_err(|e| e.to_string())
         }
-    }
-
-    fn logits(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {
-        let device = tokens.device();
-        let [batch, seq] = tokens.dims();
-        let positions = Tensor::<B, 1, Int>::arange(0..seq as i64, &device)
-            .reshape([1, seq])
-            .repeat_dim(0, batch);
-        let x = self.tok.forward(tokens) + self.pos.forward(positions);
-        let mask = generate_autoregressive_mask::<B>(batch, seq, &device);
-        let h = self
-            .blocks
-            .forward(TransformerEncoderInput::new(x).mask_attn(mask));
-        self.head.forward(self.norm.forward(h))
-    }
-
-    fn loss(&self, tokens: Tensor<B, 2, Int>, targets: Tensor<B, 2, Int>) -> Tensor<B, 1> {
-        let logits = self.logits(tokens);
-        let [b, s, v] = logits.dims();
-        CrossEntropyLossConfig::new()
-            .init(&logits.device())
-            .forward(logits.reshape([b * s, v]), targets.reshape([b * s]))
+        #[allow(unreachable_patterns)]
+        other => Err(format!(
+            "backend {other:?} is not built in: rebuild with `--features {}`",
+            format!("{other:?}").to_lowercase()
+        )),
     }
 }
 
-/// A batch of `batch` windows of the corpus for this rank and step.
-fn batch<B: Backend>(
-    args: &Args,
-    rank: usize,
-    step: usize,
-    device: &B::Device,
-) -> (Tensor<B, 2, Int>, Tensor<B, 2, Int>) {
-    let bytes = CORPUS.as_bytes();
-    let span = bytes.len() - args.seq - 1;
-    let mut tokens = Vec::with_capacity(args.batch * args.seq);
-    let mut targets = Vec::with_capacity(args.batch * args.seq);
-    for i in 0..args.batch {
-        let k = (step * args.ranks + rank) * args.batch + i;
-        let start = (k.wrapping_mul(7919)) % span;
-        tokens.extend(bytes[start..start + args.seq].iter().map(|&b| b as i64));
-        targets.extend(
-            bytes[start + 1..start + args.seq + 1]
-                .iter()
-                .map(|&b| b as i64),
-        );
-    }
-    let shape = [args.batch, args.seq];
-    (
-        Tensor::from_data(TensorData::new(tokens, shape), device),
-        Tensor::from_data(TensorData::new(targets, shape), device),
-    )
+fn write_report(path: &PathBuf, report: &Report) -> Result<(), String> {
+    let tmp = path.with_extension("tmp");
+    let text = serde_json::to_string_pretty(report).expect("serialisable");
+    std::fs::write(&tmp, text).map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
+    std::fs::rename(&tmp, path).map_err(|e| format!("cannot write {}: {e}", path.display()))
 }
 
-type B = Autodiff<Rtp<NdArray>>;
-
-fn main() {
-    let args = Args::parse();
+fn print_summary(cfg: &TrainConfig, out: &TrainOutcome) {
+    let r = &out.report;
+    let single = r.ideal_model_state_bytes_per_rank * r.ranks as u64;
     println!(
-        "Training a byte-level GPT (d_model {}, {} layers) with RTP ({}) on {} in-process CPU ranks, {} steps",
-        args.d_model, args.layers, args.rotation, args.ranks, args.steps
-    );
-    let config = RtpConfig::new(args.ranks).with_rotation(args.rotation);
-    let results = launch(config, |device| {
-        device.reset_memory_peak();
-        let mut model = Gpt::<B>::new(&args, &device);
-        let mut optim = RtpOptimizer::new(AdamConfig::new().init());
-        let progress = (device.rank() == 0).then(|| {
-            let bar = ProgressBar::new(args.steps as u64);
-            bar.set_style(
-                ProgressStyle::with_template(
-                    "{bar:30} {pos}/{len} steps  {msg}  [{elapsed_precise}]",
-                )
-                .expect("valid template"),
-            );
-            bar
-        });
-        let mut first = f32::NAN;
-        let mut last = f32::NAN;
-        for step in 0..args.steps {
-            let (tokens, targets) = batch::<B>(&args, device.rank(), step, &device);
-            let loss = model.loss(tokens, targets);
-            let value = loss.clone().into_scalar();
-            if step == 0 {
-                first = value;
-            }
-            last = value;
-            let grads = GradientsParams::from_grads(loss.backward(), &model);
-            model = optim.step(args.lr, model, grads);
-            if let Some(bar) = &progress {
-                bar.set_message(format!("loss {value:.3} nats/byte"));
-                bar.inc(1);
-            }
-        }
-        if let Some(bar) = progress {
-            bar.finish();
-        }
-        (
-            device.rank(),
-            first,
-            last,
-            model.num_params(),
-            device.memory_peak(),
-        )
-    })
-    .unwrap_or_else(|e| {
-        eprintln!("training failed: {e}");
-        std::process::exit(1);
-    });
-    report(&args, &results);
-}
-
-fn report(args: &Args, results: &[(usize, f32, f32, usize, MemoryStats)]) {
-    let params = results[0].3;
-    // fp32 parameters, gradients and Adam's two moments on one device.
-    let single = (params * 4 * 4) as u64;
-    let ideal = single / args.ranks as u64;
-    println!(
-        "\nloss (rank 0's batch): {:.3} -> {:.3} nats/byte; model: {params} parameters",
-        results[0].1, results[0].2
+        "\n{} on {} rank(s): {} parameters; validation loss {:.3} -> {:.3} nats/byte; {:.0} tokens/s, median step {:.1} ms",
+        r.strategy, r.ranks, r.params, out.initial_val_loss, r.final_val_loss, r.tokens_per_s, r.step_time_ms_median
     );
     println!(
-        "model state on one device (params + grads + Adam): {}",
+        "model state on one device (fp32 params + grads + Adam moments): {}",
         human_bytes(single)
     );
     println!(
-        "\n{:>4}  {:>12}  {:>12}  {:>8}  {:>12}  {:>12}",
-        "rank", "model state", "ideal 1/N", "ratio", "in flight", "activations"
+        "\n{:>4}  {:>12}  {:>12}  {:>7}  {:>12}  {:>12}  {:>12}",
+        "rank", "model state", "ideal (1/N)", "ratio", "in flight", "activations", "peak total"
     );
-    for (rank, _, _, _, peak) in results {
+    for (rank, p) in r.peak_bytes_per_rank.iter().enumerate() {
         println!(
-            "{:>4}  {:>12}  {:>12}  {:>7.3}x  {:>12}  {:>12}",
+            "{:>4}  {:>12}  {:>12}  {:>6.3}x  {:>12}  {:>12}  {:>12}",
             rank,
-            human_bytes(peak.sharded),
-            human_bytes(ideal),
-            peak.sharded as f64 / ideal as f64,
-            human_bytes(peak.in_flight),
-            human_bytes(peak.local),
+            human_bytes(p.sharded),
+            human_bytes(r.ideal_model_state_bytes_per_rank),
+            p.sharded as f64 / r.ideal_model_state_bytes_per_rank as f64,
+            human_bytes(p.in_flight),
+            human_bytes(p.local),
+            human_bytes(p.total),
         );
+    }
+    if !out.sample.is_empty() {
+        println!("\nsample (temperature 0.8):\n{}\n", out.sample);
+    }
+    if let Some(path) = &out.checkpoint {
+        println!("checkpoint: {}", path.display());
+    }
+    let _ = cfg;
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Some(Command::Consolidate { checkpoint, out }) = &cli.command {
+        return match consolidate_checkpoint::<burn::backend::NdArray>(checkpoint, out) {
+            Ok(m) => {
+                println!(
+                    "consolidated step {} of a {}-rank {} checkpoint into {}",
+                    m.step,
+                    m.world_size,
+                    m.strategy,
+                    out.display()
+                );
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let a = &cli.train;
+    let mut cfg = TrainConfig::new(a.strategy, a.ranks);
+    cfg.rotation = a.rotation;
+    cfg.steps = a.steps;
+    cfg.batch = a.batch;
+    cfg.model = GptConfig::new(a.seq, a.d_model, a.layers, a.heads);
+    cfg.lr = a.lr;
+    cfg.seed = a.seed;
+    cfg.data = a.data.clone();
+    cfg.checkpoint_dir = a.checkpoint_dir.clone();
+    cfg.checkpoint_every = a.checkpoint_every;
+    cfg.resume = a.resume.clone();
+    cfg.init = a.init.clone();
+    cfg.eval_every = a.eval_every;
+    cfg.sample_bytes = 200;
+    println!(
+        "Training a byte-level GPT (d_model {}, {} layers, context {}) with {} on {} in-process rank(s), {} steps of {} sequences",
+        a.d_model,
+        a.layers,
+        a.seq,
+        a.strategy,
+        a.strategy.world_size(a.ranks),
+        a.steps,
+        a.batch
+    );
+    let bar = Bar(ProgressBar::new(a.steps as u64));
+    bar.0.set_style(
+        ProgressStyle::with_template("{bar:24} {pos}/{len} [{elapsed_precise}] {msg}")
+            .expect("valid template"),
+    );
+    let outcome = run_training(&cfg, a.backend, &bar);
+    bar.0.finish();
+    match outcome {
+        Ok(out) => {
+            print_summary(&cfg, &out);
+            if let Some(path) = &a.report {
+                if let Err(e) = write_report(path, &out.report) {
+                    eprintln!("error: {e}");
+                    return ExitCode::FAILURE;
+                }
+                println!("report: {}", path.display());
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
     }
 }

@@ -226,13 +226,21 @@ pub(crate) fn all_reduce_ring<B: Backend>(
     let chunk = |j: usize| vec![vec![spec.range(j).len]];
     let own = reduce_scatter(ctx, op, chunk, |j| {
         let r = spec.range(j);
-        vec![burn_rtp_kernels::column_slice::<B>(flat.clone(), r.start, r.len)]
+        vec![burn_rtp_kernels::column_slice::<B>(
+            flat.clone(),
+            r.start,
+            r.len,
+        )]
     })
     .remove(0);
     let mut parts: Vec<Option<B::FloatTensorPrimitive>> = vec![None; n];
-    rotate(ctx, "all_reduce.all_gather", vec![own], chunk, |j, chunk| {
-        parts[j] = Some(chunk[0].clone())
-    });
+    rotate(
+        ctx,
+        "all_reduce.all_gather",
+        vec![own],
+        chunk,
+        |j, chunk| parts[j] = Some(chunk[0].clone()),
+    );
     let parts = parts
         .into_iter()
         .map(|p| p.expect("every chunk visited"))

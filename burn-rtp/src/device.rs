@@ -1,6 +1,7 @@
 //! The device of one rank: its place in the world and the inner backend's device.
 
 use crate::accounting::MemoryStats;
+use crate::shard_io::{ShardIo, ShardMap};
 use crate::world::{device_from_index, solo_device, RankCtx};
 use burn::tensor::backend::{Backend, DeviceId, DeviceOps};
 use std::collections::BTreeMap;
@@ -99,8 +100,30 @@ impl<B: Backend> RtpDevice<B> {
 
     /// The mean of `value` over all ranks (a collective: every rank must call it).
     pub fn all_reduce_mean(&self, value: f32) -> f32 {
-        let sum = crate::collectives::all_reduce_sum_host(&self.ctx, "all_reduce_mean", vec![value]);
+        let sum =
+            crate::collectives::all_reduce_sum_host(&self.ctx, "all_reduce_mean", vec![value]);
         sum[0] / self.ctx.world_size as f32
+    }
+
+    /// Runs `save` (which serialises records) so that every sharded tensor it reads yields
+    /// only this rank's shard, and returns the map needed to load them back.
+    pub fn save_shards<T>(&self, save: impl FnOnce() -> T) -> crate::RtpResult<(T, ShardMap)> {
+        *self.ctx.shard_io.lock().unwrap() = ShardIo::Saving {
+            map: ShardMap::default(),
+            conflicts: Vec::new(),
+        };
+        let out = save();
+        let io = std::mem::take(&mut *self.ctx.shard_io.lock().unwrap());
+        Ok((out, io.finish(self.ctx.rank)?))
+    }
+
+    /// Runs `load` (which deserialises records saved by [`save_shards`](Self::save_shards)) so
+    /// that the tensors it creates are this rank's shards again.
+    pub fn load_shards<T>(&self, map: &ShardMap, load: impl FnOnce() -> T) -> T {
+        *self.ctx.shard_io.lock().unwrap() = ShardIo::Loading(map.clone());
+        let out = load();
+        *self.ctx.shard_io.lock().unwrap() = ShardIo::Off;
+        out
     }
 
     /// The configuration of the world.

@@ -28,6 +28,7 @@ pub struct RankCtx<B: Backend> {
     param_stream: AtomicU64,
     seed: AtomicU64,
     fallbacks: Mutex<BTreeMap<String, u64>>,
+    pub(crate) shard_io: Mutex<crate::shard_io::ShardIo>,
     pub(crate) index_id: u16,
 }
 
@@ -50,9 +51,16 @@ impl<B: Backend> RankCtx<B> {
     /// Where a parameter (or its gradient) of logical `shape` lives: its split, or `None` when
     /// it is replicated. Creation and every gradient-producing op ask this one function, so a
     /// gradient always has the layout of its parameter.
-    pub(crate) fn param_spec(&self, shape: &burn::tensor::Shape) -> Option<crate::sharding::ShardSpec> {
+    pub(crate) fn param_spec(
+        &self,
+        shape: &burn::tensor::Shape,
+    ) -> Option<crate::sharding::ShardSpec> {
         let sharded = self.config.strategy != crate::config::Strategy::Ddp
-            && crate::sharding::is_sharded_param(shape, self.world_size, self.config.shard_threshold);
+            && crate::sharding::is_sharded_param(
+                shape,
+                self.world_size,
+                self.config.shard_threshold,
+            );
         sharded.then(|| crate::sharding::ShardSpec {
             full: shape.clone(),
             world: self.world_size,
@@ -187,6 +195,7 @@ pub fn register_device<B: Backend>(
         param_stream: AtomicU64::new(0),
         seed: AtomicU64::new(0),
         fallbacks: Mutex::new(BTreeMap::new()),
+        shard_io: Mutex::new(Default::default()),
         index_id,
     });
     if reg.len() < u16::MAX as usize {

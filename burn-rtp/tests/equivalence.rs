@@ -79,13 +79,7 @@ fn run_mlp_with(config: RtpConfig) {
         (losses, param_values(&model))
     })
     .expect("RTP run");
-    compare(
-        Which::Mlp,
-        &ref_losses,
-        &ref_params,
-        runs,
-        &label,
-    );
+    compare(Which::Mlp, &ref_losses, &ref_params, runs, &label);
 }
 
 fn run_lm(world: usize, mode: RotationMode) {
@@ -124,13 +118,7 @@ fn run_lm_with(config: RtpConfig) {
         (losses, param_values(&model))
     })
     .expect("RTP run");
-    compare(
-        Which::Lm,
-        &ref_losses,
-        &ref_params,
-        runs,
-        &label,
-    );
+    compare(Which::Lm, &ref_losses, &ref_params, runs, &label);
 }
 
 macro_rules! cases {

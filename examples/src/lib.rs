@@ -1,1 +1,15 @@
-//! Shared pieces of the burn-rtp examples.
+//! The GPT trainer of burn-rtp: a decoder-only GPT written once with `burn::nn`, trained under
+//! `single`, `ddp`, `fsdp` or `rtp` on the same transport and inner backend, with per-rank
+//! checkpoints and a JSON report.
+
+pub mod checkpoint;
+pub mod data;
+pub mod model;
+pub mod report;
+pub mod trainer;
+
+pub use checkpoint::{consolidate_checkpoint, CheckpointError, Manifest};
+pub use data::{Corpus, DataError};
+pub use model::{Gpt, GptConfig};
+pub use report::{PeakBytes, Report};
+pub use trainer::{train, Progress, StrategyName, TrainConfig, TrainError, TrainOutcome};

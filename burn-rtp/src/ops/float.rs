@@ -3,6 +3,7 @@ use crate::backend::Rtp;
 use crate::collectives::all_reduce_sum;
 use crate::device::RtpDevice;
 use crate::error::{raise, RtpError};
+use crate::shard_io::ShardIo;
 use crate::sharding::{flyweight_random, shard_range, slice_last_dim, ShardSpec};
 use crate::tensor::{Layout, RtpTensor};
 use burn::tensor::backend::{Backend, ExecutionError};
@@ -46,6 +47,43 @@ fn create<B: Backend>(
             RtpTensor::new(ctx, inner, Layout::Sharded(spec))
         }
     }
+}
+
+/// While loading shards, data shaped like a saved shard becomes this rank's shard again.
+fn load_saved_shard<B: Backend>(device: &RtpDevice<B>, data: &TensorData) -> Option<RtpTensor<B>> {
+    let ctx = &device.ctx;
+    let io = ctx.shard_io.lock().unwrap();
+    let ShardIo::Loading(map) = &*io else {
+        return None;
+    };
+    let shape = data.shape.to_vec();
+    let layout = if let Some(full) = map.sharded.get(&shape) {
+        let spec = ShardSpec {
+            full: Shape::from(full.clone()),
+            world: ctx.world_size,
+        };
+        if spec.shard_shape(ctx.rank).to_vec() != shape {
+            raise(RtpError::Desync {
+                rank: ctx.rank,
+                peer: ctx.rank,
+                op: "load_shards".into(),
+                seq: 0,
+                expected: format!(
+                    "shard {:?} of {full:?}",
+                    spec.shard_shape(ctx.rank).to_vec()
+                ),
+                got: format!("saved shard {shape:?}"),
+            });
+        }
+        Layout::Sharded(spec)
+    } else if map.replicated.contains(&shape) {
+        Layout::Replicated
+    } else {
+        return None;
+    };
+    drop(io);
+    let inner = B::float_from_data(data.clone(), &ctx.inner);
+    Some(RtpTensor::new(ctx.clone(), inner, layout))
 }
 
 fn full_binary<B: Backend>(
@@ -170,6 +208,9 @@ impl<B: Backend> FloatTensorOps<Self> for Rtp<B> {
     fn float_from_data(data: TensorData, device: &RtpDevice<B>) -> FloatTensor<Self> {
         let shape = data.shape.clone();
         let ctx = device.ctx.clone();
+        if let Some(tensor) = load_saved_shard(device, &data) {
+            return tensor;
+        }
         match creation(device, &shape) {
             Creation::Local => RtpTensor::new(
                 ctx.clone(),
@@ -252,8 +293,26 @@ impl<B: Backend> FloatTensorOps<Self> for Rtp<B> {
     }
 
     async fn float_into_data(tensor: FloatTensor<Self>) -> Result<TensorData, ExecutionError> {
-        let full = full_inner(tensor, "float_into_data");
-        B::float_into_data(full).await
+        let saving = {
+            let mut io = tensor.ctx.shard_io.lock().unwrap();
+            match &tensor.layout {
+                Layout::Sharded(spec) if matches!(*io, ShardIo::Saving { .. }) => {
+                    io.note_shard(tensor.inner.shape().to_vec(), spec.full.to_vec());
+                    true
+                }
+                Layout::Replicated => {
+                    io.note_replicated(tensor.inner.shape().to_vec());
+                    false
+                }
+                _ => false,
+            }
+        };
+        let data = if saving {
+            tensor.inner
+        } else {
+            full_inner(tensor, "float_into_data")
+        };
+        B::float_into_data(data).await
     }
 
     fn float_device(tensor: &FloatTensor<Self>) -> RtpDevice<B> {

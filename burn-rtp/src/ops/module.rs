@@ -2,11 +2,11 @@
 //! (see [`crate::rotation`]); every other module op gathers sharded operands and forwards.
 
 use super::{full_inner, gathered, Float};
-use crate::backend::Rtp;
-use crate::rotation::{reduce_scatter, rotate};
 use crate::accounting::{Category, Charge};
+use crate::backend::Rtp;
 use crate::collectives::all_gather;
 use crate::config::Strategy;
+use crate::rotation::{reduce_scatter, rotate};
 use crate::sharding::ShardSpec;
 use crate::tensor::{Layout, RtpTensor};
 use crate::world::RankCtx;
@@ -34,7 +34,6 @@ fn mean_over_ranks<B: Backend>(ctx: &RankCtx<B>, g: Float<B>) -> Float<B> {
     }
 }
 
-
 /// FSDP's all-gather of a whole parameter, charged as in flight while the returned guard lives.
 fn gather_unit<B: Backend>(t: &RtpTensor<B>, op: &'static str) -> (Float<B>, Arc<Charge>) {
     let full = all_gather(t, op);
@@ -61,7 +60,11 @@ fn reduce_scatter_full<B: Backend>(
         },
         |j| {
             let range = spec.range(j);
-            vec![kernels::column_slice::<B>(full.clone(), range.start, range.len)]
+            vec![kernels::column_slice::<B>(
+                full.clone(),
+                range.start,
+                range.len,
+            )]
         },
     );
     let g = mean_over_ranks(ctx, own.remove(0));

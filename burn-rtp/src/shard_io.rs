@@ -1,0 +1,81 @@
+//! Per-rank checkpoint IO: records written while saving hold only this rank's shards, and
+//! records read while loading become shards again, without any rank gathering anything.
+//!
+//! A saved shard carries only its own shape, so the save records which full shape each shard
+//! shape stands for (a [`ShardMap`]); loading looks the shape up again. Ambiguities (two full
+//! shapes with the same shard shape, or a replicated tensor shaped like a shard) are refused
+//! at save time rather than risked at load time.
+
+use crate::error::{RtpError, RtpResult};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Which full shape each saved shard shape stands for, and which shapes were replicated.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ShardMap {
+    /// Shard shape → full (logical) shape.
+    pub sharded: BTreeMap<Vec<usize>, Vec<usize>>,
+    /// Shapes of tensors saved whole and identical on every rank.
+    pub replicated: BTreeSet<Vec<usize>>,
+}
+
+/// What the shard IO of a rank is doing right now.
+#[derive(Debug, Default)]
+pub(crate) enum ShardIo {
+    /// Ordinary IO: reads gather, loads shard by the placement policy.
+    #[default]
+    Off,
+    /// Saving: reads return this rank's shard and are recorded here.
+    Saving {
+        map: ShardMap,
+        conflicts: Vec<String>,
+    },
+    /// Loading: data with a recorded shape is taken as this rank's shard (or as replicated).
+    Loading(ShardMap),
+}
+
+impl ShardIo {
+    pub(crate) fn note_shard(&mut self, shard: Vec<usize>, full: Vec<usize>) {
+        if let ShardIo::Saving { map, conflicts } = self {
+            match map.sharded.get(&shard) {
+                Some(existing) if existing != &full => conflicts.push(format!(
+                    "shard shape {shard:?} stands for both {existing:?} and {full:?}"
+                )),
+                _ => {
+                    map.sharded.insert(shard, full);
+                }
+            }
+        }
+    }
+
+    pub(crate) fn note_replicated(&mut self, shape: Vec<usize>) {
+        if let ShardIo::Saving { map, .. } = self {
+            map.replicated.insert(shape);
+        }
+    }
+
+    /// Finishes a save: the map, or the reason it cannot be loaded unambiguously.
+    pub(crate) fn finish(self, rank: usize) -> RtpResult<ShardMap> {
+        let ShardIo::Saving { map, mut conflicts } = self else {
+            return Ok(ShardMap::default());
+        };
+        for shape in &map.replicated {
+            if map.sharded.contains_key(shape) {
+                conflicts.push(format!(
+                    "a replicated tensor has shape {shape:?}, which is also a shard shape"
+                ));
+            }
+        }
+        if conflicts.is_empty() {
+            Ok(map)
+        } else {
+            Err(RtpError::Transport {
+                rank,
+                op: "save_shards".into(),
+                reason: format!(
+                    "this checkpoint could not be reloaded unambiguously: {}",
+                    conflicts.join("; ")
+                ),
+            })
+        }
+    }
+}

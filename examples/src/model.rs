@@ -1,0 +1,100 @@
+//! A decoder-only GPT: token and position embeddings, pre-norm causal blocks, a final
+//! LayerNorm and an LM head. Written once, generic over the backend.
+
+use burn::config::Config;
+use burn::module::Module;
+use burn::nn::attention::generate_autoregressive_mask;
+use burn::nn::loss::CrossEntropyLossConfig;
+use burn::nn::transformer::{
+    TransformerEncoder, TransformerEncoderConfig, TransformerEncoderInput,
+};
+use burn::nn::{Embedding, EmbeddingConfig, LayerNorm, LayerNormConfig, Linear, LinearConfig};
+use burn::tensor::backend::Backend;
+use burn::tensor::{Int, Tensor};
+
+/// The shape of a GPT.
+#[derive(Config, Debug, PartialEq)]
+pub struct GptConfig {
+    /// Vocabulary size (256 for bytes).
+    #[config(default = 256)]
+    pub vocab: usize,
+    /// Context length.
+    pub seq: usize,
+    /// Model width.
+    pub d_model: usize,
+    /// Number of transformer blocks.
+    pub layers: usize,
+    /// Attention heads per block.
+    pub heads: usize,
+}
+
+impl GptConfig {
+    /// Builds the model on `device`; under RTP each rank creates only its shards.
+    pub fn init<B: Backend>(&self, device: &B::Device) -> Gpt<B> {
+        Gpt {
+            tok: EmbeddingConfig::new(self.vocab, self.d_model).init(device),
+            pos: EmbeddingConfig::new(self.seq, self.d_model).init(device),
+            blocks: TransformerEncoderConfig::new(
+                self.d_model,
+                4 * self.d_model,
+                self.heads,
+                self.layers,
+            )
+            .with_dropout(0.0)
+            .with_norm_first(true)
+            .init(device),
+            norm: LayerNormConfig::new(self.d_model).init(device),
+            head: LinearConfig::new(self.d_model, self.vocab).init(device),
+        }
+    }
+
+    /// Checks that the heads divide the width.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.heads == 0 || self.d_model % self.heads != 0 {
+            return Err(format!(
+                "--heads {} must divide --d-model {}",
+                self.heads, self.d_model
+            ));
+        }
+        if self.seq == 0 || self.layers == 0 {
+            return Err("--seq and --layers must be positive".into());
+        }
+        Ok(())
+    }
+}
+
+/// The GPT model.
+#[derive(Module, Debug)]
+pub struct Gpt<B: Backend> {
+    tok: Embedding<B>,
+    pos: Embedding<B>,
+    blocks: TransformerEncoder<B>,
+    norm: LayerNorm<B>,
+    head: Linear<B>,
+}
+
+impl<B: Backend> Gpt<B> {
+    /// Next-byte logits `[batch, seq, vocab]` for `tokens` `[batch, seq]`.
+    pub fn logits(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {
+        let device = tokens.device();
+        let [batch, seq] = tokens.dims();
+        let positions = Tensor::<B, 1, Int>::arange(0..seq as i64, &device)
+            .reshape([1, seq])
+            .repeat_dim(0, batch);
+        let x = self.tok.forward(tokens) + self.pos.forward(positions);
+        let mask = generate_autoregressive_mask::<B>(batch, seq, &device);
+        let h = self
+            .blocks
+            .forward(TransformerEncoderInput::new(x).mask_attn(mask));
+        self.head.forward(self.norm.forward(h))
+    }
+
+    /// Mean cross-entropy (nats per byte) of predicting `targets` from `tokens`.
+    pub fn loss(&self, tokens: Tensor<B, 2, Int>, targets: Tensor<B, 2, Int>) -> Tensor<B, 1> {
+        let logits = self.logits(tokens);
+        let [b, s, v] = logits.dims();
+        CrossEntropyLossConfig::new()
+            .init(&logits.device())
+            .forward(logits.reshape([b * s, v]), targets.reshape([b * s]))
+    }
+}

@@ -1,0 +1,69 @@
+//! The JSON report of a run. Its keys are fixed: benches and tools read them.
+
+use serde::{Deserialize, Serialize};
+
+/// Peak bytes of one rank, split as the decorator's accounting splits them.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+pub struct PeakBytes {
+    /// Model state: parameters, gradients, optimizer state.
+    pub sharded: u64,
+    /// Activations and temporaries.
+    pub local: u64,
+    /// Rotation buffers and gathered units.
+    pub in_flight: u64,
+    /// Peak of the sum.
+    pub total: u64,
+}
+
+impl From<burn_rtp::MemoryStats> for PeakBytes {
+    fn from(m: burn_rtp::MemoryStats) -> Self {
+        Self {
+            sharded: m.sharded,
+            local: m.local,
+            in_flight: m.in_flight,
+            total: m.total,
+        }
+    }
+}
+
+/// What `--report FILE` writes.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Report {
+    /// `single`, `ddp`, `fsdp` or `rtp`.
+    pub strategy: String,
+    /// Number of ranks.
+    pub ranks: usize,
+    /// Steps trained in this run.
+    pub steps: usize,
+    /// Parameters of the model.
+    pub params: usize,
+    /// Training tokens (bytes) per second over all ranks.
+    pub tokens_per_s: f64,
+    /// Median wall time of one training step.
+    pub step_time_ms_median: f64,
+    /// Mean training loss of the last step (nats per byte).
+    pub final_train_loss: f64,
+    /// Validation loss at the end (nats per byte).
+    pub final_val_loss: f64,
+    /// Mean training loss of every step.
+    pub losses: Vec<f64>,
+    /// Peak memory of each rank.
+    pub peak_bytes_per_rank: Vec<PeakBytes>,
+    /// Single-device model-state bytes (fp32 parameters, gradients, Adam moments) / ranks.
+    pub ideal_model_state_bytes_per_rank: u64,
+}
+
+/// The keys a report must have; tests and tools check against this list.
+pub const REPORT_KEYS: [&str; 11] = [
+    "strategy",
+    "ranks",
+    "steps",
+    "params",
+    "tokens_per_s",
+    "step_time_ms_median",
+    "final_train_loss",
+    "final_val_loss",
+    "losses",
+    "peak_bytes_per_rank",
+    "ideal_model_state_bytes_per_rank",
+];

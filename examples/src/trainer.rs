@@ -1,0 +1,455 @@
+//! The training loop, written once: every strategy runs it on every rank.
+
+use crate::checkpoint::{self, CheckpointError, Manifest, RunInfo};
+use crate::data::{Corpus, DataError, Windows};
+use crate::model::{Gpt, GptConfig};
+use crate::report::{PeakBytes, Report};
+use burn::module::{AutodiffModule, Module};
+use burn::optim::{AdamConfig, GradientsParams, Optimizer};
+use burn::tensor::activation::softmax;
+use burn::tensor::backend::Backend;
+use burn::tensor::{ElementConversion, Int, Tensor, TensorData};
+use burn_rtp::{MemoryStats, RotationMode, Rtp, RtpConfig, RtpDevice, RtpOptimizer, Strategy};
+use std::path::PathBuf;
+use std::time::Instant;
+use thiserror::Error;
+
+/// How the model is trained.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StrategyName {
+    /// One device, no parallelism.
+    Single,
+    /// Replicated parameters, all-reduced gradients.
+    Ddp,
+    /// ZeRO-3: gathered before use, gradients reduce-scattered.
+    Fsdp,
+    /// Rotated Tensor Parallelism.
+    Rtp,
+}
+
+impl std::str::FromStr for StrategyName {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "single" => Ok(Self::Single),
+            "ddp" => Ok(Self::Ddp),
+            "fsdp" => Ok(Self::Fsdp),
+            "rtp" => Ok(Self::Rtp),
+            other => Err(format!(
+                "unknown strategy `{other}`: expected single, ddp, fsdp or rtp"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for StrategyName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Single => "single",
+            Self::Ddp => "ddp",
+            Self::Fsdp => "fsdp",
+            Self::Rtp => "rtp",
+        })
+    }
+}
+
+impl StrategyName {
+    /// Ranks this strategy runs on when `ranks` were asked for.
+    pub fn world_size(self, ranks: usize) -> usize {
+        if self == Self::Single {
+            1
+        } else {
+            ranks
+        }
+    }
+
+    /// The decorator's configuration for this strategy. `single` is one rank holding every
+    /// parameter whole, which runs exactly the inner backend's ops.
+    pub fn rtp_config(self, ranks: usize, rotation: RotationMode) -> RtpConfig {
+        let strategy = match self {
+            Self::Single | Self::Ddp => Strategy::Ddp,
+            Self::Fsdp => Strategy::Fsdp,
+            Self::Rtp => Strategy::Rtp,
+        };
+        RtpConfig::new(self.world_size(ranks))
+            .with_strategy(strategy)
+            .with_rotation(rotation)
+    }
+}
+
+/// Everything a training run needs.
+#[derive(Debug, Clone)]
+pub struct TrainConfig {
+    /// Strategy.
+    pub strategy: StrategyName,
+    /// Ranks (ignored by `single`).
+    pub ranks: usize,
+    /// Rotation mode (RTP only).
+    pub rotation: RotationMode,
+    /// Steps to train in this run.
+    pub steps: usize,
+    /// Global batch: sequences per step over all ranks.
+    pub batch: usize,
+    /// Model shape.
+    pub model: GptConfig,
+    /// Adam learning rate.
+    pub lr: f64,
+    /// Seed of initialisation and data order.
+    pub seed: u64,
+    /// Training text instead of the shipped corpus.
+    pub data: Option<PathBuf>,
+    /// Where to write checkpoints.
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Write a checkpoint every this many steps (0: only at the end).
+    pub checkpoint_every: usize,
+    /// Checkpoint to resume from.
+    pub resume: Option<PathBuf>,
+    /// Full-model record (e.g. a consolidated checkpoint) to start from; each rank keeps
+    /// only its slice.
+    pub init: Option<PathBuf>,
+    /// Evaluate the validation loss every this many steps (0: only at start and end).
+    pub eval_every: usize,
+    /// Validation batches (of `batch` sequences) per evaluation.
+    pub eval_batches: usize,
+    /// Bytes to generate at the end (0: none).
+    pub sample_bytes: usize,
+}
+
+impl TrainConfig {
+    /// The defaults of the example's command line.
+    pub fn new(strategy: StrategyName, ranks: usize) -> Self {
+        Self {
+            strategy,
+            ranks,
+            rotation: RotationMode::OutOfPlace,
+            steps: 500,
+            batch: 32,
+            model: GptConfig::new(64, 96, 2, 4),
+            lr: 3e-3,
+            seed: 42,
+            data: None,
+            checkpoint_dir: None,
+            checkpoint_every: 0,
+            resume: None,
+            init: None,
+            eval_every: 50,
+            eval_batches: 2,
+            sample_bytes: 0,
+        }
+    }
+
+    fn info(&self) -> RunInfo<'_> {
+        RunInfo {
+            strategy: match self.strategy {
+                StrategyName::Single => "single",
+                StrategyName::Ddp => "ddp",
+                StrategyName::Fsdp => "fsdp",
+                StrategyName::Rtp => "rtp",
+            },
+            rotation: match self.rotation {
+                RotationMode::OutOfPlace => "out-of-place",
+                RotationMode::InPlace => "in-place",
+            },
+            model: &self.model,
+            batch: self.batch,
+            lr: self.lr,
+            seed: self.seed,
+        }
+    }
+}
+
+/// Why a run failed.
+#[derive(Debug, Error)]
+pub enum TrainError {
+    /// The settings are inconsistent.
+    #[error("invalid settings: {0}")]
+    Config(String),
+    /// The corpus is unusable.
+    #[error(transparent)]
+    Data(#[from] DataError),
+    /// A checkpoint is unusable or could not be written.
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    /// A rank failed.
+    #[error(transparent)]
+    Rtp(#[from] burn_rtp::RtpError),
+}
+
+/// What rank 0 reports after each step.
+#[derive(Debug, Clone)]
+pub struct StepEvent {
+    /// Steps completed (including resumed ones).
+    pub step: usize,
+    /// Last step of this run.
+    pub total: usize,
+    /// Mean training loss of this step over all ranks.
+    pub train_loss: f32,
+    /// Latest validation loss.
+    pub val_loss: f32,
+    /// Training tokens per second over all ranks.
+    pub tokens_per_s: f64,
+    /// Rank 0's peak memory so far.
+    pub peak: MemoryStats,
+}
+
+/// Receives progress from rank 0.
+pub trait Progress: Send + Sync {
+    /// Called after every step.
+    fn on_step(&self, event: &StepEvent);
+}
+
+/// The result of a run.
+#[derive(Debug, Clone)]
+pub struct TrainOutcome {
+    /// The report (also what `--report` writes).
+    pub report: Report,
+    /// Validation loss before this run's first step.
+    pub initial_val_loss: f64,
+    /// Text generated by the trained model.
+    pub sample: String,
+    /// Where the last checkpoint was written.
+    pub checkpoint: Option<PathBuf>,
+}
+
+type Ad<I> = burn::backend::Autodiff<Rtp<I>>;
+
+struct RankResult {
+    losses: Vec<f32>,
+    step_ms: Vec<f64>,
+    initial_val: f32,
+    final_val: f32,
+    params: usize,
+    peak: MemoryStats,
+    sample: String,
+    checkpoint: Option<PathBuf>,
+}
+
+/// Mean validation loss over `eval_batches` batches, split across ranks.
+fn evaluate<I: Backend>(
+    model: &Gpt<Rtp<I>>,
+    corpus: &Corpus,
+    cfg: &TrainConfig,
+    device: &RtpDevice<I>,
+) -> f32 {
+    let world = device.world_size();
+    let per = cfg.batch / world;
+    let total = cfg.batch * cfg.eval_batches;
+    let mut sum = 0.0;
+    for b in 0..cfg.eval_batches {
+        let first = b * cfg.batch + device.rank() * per;
+        let (x, y) = Windows::val(corpus, first..first + per, total, cfg.model.seq)
+            .tensors::<Rtp<I>>(device);
+        sum += model.loss(x, y).into_scalar().elem::<f32>();
+    }
+    device.all_reduce_mean(sum / cfg.eval_batches as f32)
+}
+
+/// Generates `n` bytes after `prompt`, sampling at temperature 0.8 with a seeded generator.
+fn sample<I: Backend>(
+    model: &Gpt<Rtp<I>>,
+    device: &RtpDevice<I>,
+    prompt: &str,
+    n: usize,
+    seq: usize,
+    seed: u64,
+) -> String {
+    let mut bytes: Vec<u8> = prompt.bytes().collect();
+    let mut state = seed | 1;
+    for _ in 0..n {
+        let start = bytes.len().saturating_sub(seq);
+        let window: Vec<i64> = bytes[start..].iter().map(|&b| i64::from(b)).collect();
+        let len = window.len();
+        let tokens = Tensor::<Rtp<I>, 2, Int>::from_data(TensorData::new(window, [1, len]), device);
+        let logits = model.logits(tokens);
+        let vocab = logits.dims()[2];
+        let last = logits.slice([0..1, len - 1..len]).reshape([vocab]);
+        let probs = softmax(last / 0.8, 0)
+            .into_data()
+            .convert::<f32>()
+            .to_vec::<f32>()
+            .unwrap();
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        let mut u = (state >> 11) as f32 / (1u64 << 53) as f32;
+        let mut choice = vocab - 1;
+        for (i, p) in probs.iter().enumerate() {
+            if u < *p {
+                choice = i;
+                break;
+            }
+            u -= p;
+        }
+        bytes.push(choice as u8);
+    }
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+fn median(values: &[f64]) -> f64 {
+    if values.is_empty() {
+        return 0.0;
+    }
+    let mut v = values.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// Trains a GPT under `cfg` on the inner backend `I` and returns the outcome.
+pub fn train<I: Backend>(
+    cfg: &TrainConfig,
+    inner_device: impl Fn(usize) -> I::Device,
+    progress: Option<&dyn Progress>,
+) -> Result<TrainOutcome, TrainError> {
+    cfg.model.validate().map_err(TrainError::Config)?;
+    let world = cfg.strategy.world_size(cfg.ranks);
+    if world == 0 {
+        return Err(TrainError::Config("--ranks must be at least 1".into()));
+    }
+    if cfg.batch == 0 || cfg.batch % world != 0 {
+        return Err(TrainError::Config(format!(
+            "--batch {} (the global batch) must be a positive multiple of the {world} ranks",
+            cfg.batch
+        )));
+    }
+    if cfg.eval_batches == 0 {
+        return Err(TrainError::Config(
+            "at least one validation batch is needed".into(),
+        ));
+    }
+    let corpus = Corpus::load(cfg.data.as_deref(), cfg.model.seq)?;
+    let resume = match &cfg.resume {
+        Some(path) => {
+            let (manifest, dir) = Manifest::open(path)?;
+            manifest.check_compatible(world, &cfg.info())?;
+            Some((manifest, dir))
+        }
+        None => None,
+    };
+    let start = resume.as_ref().map_or(0, |(m, _)| m.step);
+    let end = start + cfg.steps;
+    let per = cfg.batch / world;
+    let rtp = cfg.strategy.rtp_config(cfg.ranks, cfg.rotation);
+    let results = burn_rtp::try_launch_on::<I, _, TrainError, _>(rtp, &inner_device, |device| {
+        Ad::<I>::seed(&device, cfg.seed);
+        device.reset_memory_peak();
+        let rank = device.rank();
+        let mut model = cfg.model.init::<Ad<I>>(&device);
+        let mut optim = RtpOptimizer::new(AdamConfig::new().init::<Ad<I>, Gpt<Ad<I>>>());
+        if let Some(path) = &cfg.init {
+            model = checkpoint::load_full_into(path, model, &device)?;
+        }
+        if let Some((manifest, dir)) = &resume {
+            (model, optim) = manifest.load_rank(dir, &device, model, optim)?;
+        }
+        let initial_val = evaluate(&model.valid(), &corpus, cfg, &device);
+        let mut val = initial_val;
+        let mut losses = Vec::with_capacity(cfg.steps);
+        let mut step_ms = Vec::with_capacity(cfg.steps);
+        let mut checkpoint = None;
+        let clock = Instant::now();
+        let mut trained_s = 0.0;
+        for step in start..end {
+            let t0 = Instant::now();
+            let rows = rank * per..(rank + 1) * per;
+            let (x, y) = Windows::train(&corpus, cfg.seed, step, rows, cfg.model.seq)
+                .tensors::<Ad<I>>(&device);
+            let loss = model.loss(x, y);
+            let local = loss.clone().into_scalar().elem::<f32>();
+            let grads = GradientsParams::from_grads(loss.backward(), &model);
+            model = optim.step(cfg.lr, model, grads);
+            let mean = device.all_reduce_mean(local);
+            let dt = t0.elapsed().as_secs_f64();
+            trained_s += dt;
+            step_ms.push(dt * 1e3);
+            losses.push(mean);
+            let done = step + 1;
+            if cfg.eval_every > 0 && done % cfg.eval_every == 0 && done != end {
+                val = evaluate(&model.valid(), &corpus, cfg, &device);
+            }
+            if let Some(root) = &cfg.checkpoint_dir {
+                if cfg.checkpoint_every > 0 && done % cfg.checkpoint_every == 0 && done != end {
+                    checkpoint = Some(checkpoint::save(
+                        &device,
+                        root,
+                        done,
+                        &cfg.info(),
+                        &model,
+                        &optim,
+                    )?);
+                }
+            }
+            if let (0, Some(p)) = (rank, progress) {
+                p.on_step(&StepEvent {
+                    step: done,
+                    total: end,
+                    train_loss: mean,
+                    val_loss: val,
+                    tokens_per_s: (done - start) as f64 * (cfg.batch * cfg.model.seq) as f64
+                        / trained_s,
+                    peak: device.memory_peak(),
+                });
+            }
+        }
+        let _ = clock;
+        let final_val = evaluate(&model.valid(), &corpus, cfg, &device);
+        if let Some(root) = &cfg.checkpoint_dir {
+            checkpoint = Some(checkpoint::save(
+                &device,
+                root,
+                end,
+                &cfg.info(),
+                &model,
+                &optim,
+            )?);
+        }
+        let peak = device.memory_peak();
+        let text = if cfg.sample_bytes > 0 {
+            sample(
+                &model.valid(),
+                &device,
+                "CYNIC, n.",
+                cfg.sample_bytes,
+                cfg.model.seq,
+                cfg.seed,
+            )
+        } else {
+            String::new()
+        };
+        Ok(RankResult {
+            losses,
+            step_ms,
+            initial_val,
+            final_val,
+            params: model.num_params(),
+            peak,
+            sample: text,
+            checkpoint,
+        })
+    })?;
+    let first = &results[0];
+    let step_ms = median(&first.step_ms);
+    let tokens = (cfg.batch * cfg.model.seq) as f64;
+    let report = Report {
+        strategy: cfg.strategy.to_string(),
+        ranks: world,
+        steps: cfg.steps,
+        params: first.params,
+        tokens_per_s: if step_ms > 0.0 {
+            tokens / (step_ms / 1e3)
+        } else {
+            0.0
+        },
+        step_time_ms_median: step_ms,
+        final_train_loss: first.losses.last().copied().unwrap_or(f32::NAN) as f64,
+        final_val_loss: first.final_val as f64,
+        losses: first.losses.iter().map(|&l| l as f64).collect(),
+        peak_bytes_per_rank: results.iter().map(|r| PeakBytes::from(r.peak)).collect(),
+        ideal_model_state_bytes_per_rank: (first.params * 4 * 4 / world) as u64,
+    };
+    Ok(TrainOutcome {
+        report,
+        initial_val_loss: first.initial_val as f64,
+        sample: first.sample.clone(),
+        checkpoint: first.checkpoint.clone(),
+    })
+}
