@@ -162,7 +162,7 @@ fn write_report(path: &PathBuf, report: &Report) -> Result<(), String> {
     std::fs::rename(&tmp, path).map_err(|e| format!("cannot write {}: {e}", path.display()))
 }
 
-fn print_summary(cfg: &TrainConfig, out: &TrainOutcome) {
+fn print_summary(out: &TrainOutcome) {
     let r = &out.report;
     let single = r.ideal_model_state_bytes_per_rank * r.ranks as u64;
     println!(
@@ -195,7 +195,6 @@ fn print_summary(cfg: &TrainConfig, out: &TrainOutcome) {
     if let Some(path) = &out.checkpoint {
         println!("checkpoint: {}", path.display());
     }
-    let _ = cfg;
 }
 
 fn main() -> ExitCode {
@@ -252,7 +251,7 @@ fn main() -> ExitCode {
     bar.0.finish();
     match outcome {
         Ok(out) => {
-            print_summary(&cfg, &out);
+            print_summary(&out);
             if let Some(path) = &a.report {
                 if let Err(e) = write_report(path, &out.report) {
                     eprintln!("error: {e}");

@@ -7,15 +7,39 @@
 //! at save time rather than risked at load time.
 
 use crate::error::{RtpError, RtpResult};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 /// Which full shape each saved shard shape stands for, and which shapes were replicated.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ShardMap {
-    /// Shard shape → full (logical) shape.
-    pub sharded: BTreeMap<Vec<usize>, Vec<usize>>,
+    /// (shard shape, full logical shape) pairs, sorted by shard shape.
+    pub sharded: Vec<(Vec<usize>, Vec<usize>)>,
     /// Shapes of tensors saved whole and identical on every rank.
     pub replicated: BTreeSet<Vec<usize>>,
+}
+
+impl ShardMap {
+    /// The full shape a saved shard of shape `shard` stands for.
+    pub fn full_of(&self, shard: &[usize]) -> Option<&Vec<usize>> {
+        self.sharded
+            .binary_search_by(|(s, _)| s.as_slice().cmp(shard))
+            .ok()
+            .map(|i| &self.sharded[i].1)
+    }
+
+    fn insert(&mut self, shard: Vec<usize>, full: Vec<usize>) -> Result<(), String> {
+        match self.sharded.binary_search_by(|(s, _)| s.cmp(&shard)) {
+            Ok(i) if self.sharded[i].1 != full => Err(format!(
+                "shard shape {shard:?} stands for both {:?} and {full:?}",
+                self.sharded[i].1
+            )),
+            Ok(_) => Ok(()),
+            Err(i) => {
+                self.sharded.insert(i, (shard, full));
+                Ok(())
+            }
+        }
+    }
 }
 
 /// What the shard IO of a rank is doing right now.
@@ -36,13 +60,8 @@ pub(crate) enum ShardIo {
 impl ShardIo {
     pub(crate) fn note_shard(&mut self, shard: Vec<usize>, full: Vec<usize>) {
         if let ShardIo::Saving { map, conflicts } = self {
-            match map.sharded.get(&shard) {
-                Some(existing) if existing != &full => conflicts.push(format!(
-                    "shard shape {shard:?} stands for both {existing:?} and {full:?}"
-                )),
-                _ => {
-                    map.sharded.insert(shard, full);
-                }
+            if let Err(conflict) = map.insert(shard, full) {
+                conflicts.push(conflict);
             }
         }
     }
@@ -59,7 +78,7 @@ impl ShardIo {
             return Ok(ShardMap::default());
         };
         for shape in &map.replicated {
-            if map.sharded.contains_key(shape) {
+            if map.full_of(shape).is_some() {
                 conflicts.push(format!(
                     "a replicated tensor has shape {shape:?}, which is also a shard shape"
                 ));

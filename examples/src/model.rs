@@ -50,7 +50,7 @@ impl GptConfig {
 
     /// Checks that the heads divide the width.
     pub fn validate(&self) -> Result<(), String> {
-        if self.heads == 0 || self.d_model % self.heads != 0 {
+        if self.heads == 0 || !self.d_model.is_multiple_of(self.heads) {
             return Err(format!(
                 "--heads {} must divide --d-model {}",
                 self.heads, self.d_model

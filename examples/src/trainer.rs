@@ -305,7 +305,7 @@ pub fn train<I: Backend>(
     if world == 0 {
         return Err(TrainError::Config("--ranks must be at least 1".into()));
     }
-    if cfg.batch == 0 || cfg.batch % world != 0 {
+    if cfg.batch == 0 || !cfg.batch.is_multiple_of(world) {
         return Err(TrainError::Config(format!(
             "--batch {} (the global batch) must be a positive multiple of the {world} ranks",
             cfg.batch
@@ -346,7 +346,6 @@ pub fn train<I: Backend>(
         let mut losses = Vec::with_capacity(cfg.steps);
         let mut step_ms = Vec::with_capacity(cfg.steps);
         let mut checkpoint = None;
-        let clock = Instant::now();
         let mut trained_s = 0.0;
         for step in start..end {
             let t0 = Instant::now();
@@ -390,7 +389,6 @@ pub fn train<I: Backend>(
                 });
             }
         }
-        let _ = clock;
         let final_val = evaluate(&model.valid(), &corpus, cfg, &device);
         if let Some(root) = &cfg.checkpoint_dir {
             checkpoint = Some(checkpoint::save(

@@ -57,7 +57,7 @@ fn load_saved_shard<B: Backend>(device: &RtpDevice<B>, data: &TensorData) -> Opt
         return None;
     };
     let shape = data.shape.to_vec();
-    let layout = if let Some(full) = map.sharded.get(&shape) {
+    let layout = if let Some(full) = map.full_of(&shape) {
         let spec = ShardSpec {
             full: Shape::from(full.clone()),
             world: ctx.world_size,

@@ -1,0 +1,166 @@
+//! Checkpoints: resuming is bit-for-bit, consolidation loads into single-device Burn, and bad
+//! checkpoints or data are refused with clear errors and no partial state.
+
+mod common;
+
+use burn::backend::NdArray;
+use burn_rtp_examples::checkpoint::{
+    consolidate_checkpoint, load_consolidated, CheckpointError, Manifest,
+};
+use burn_rtp_examples::{train, DataError, StrategyName, TrainError};
+use common::*;
+
+#[test]
+fn resuming_equals_uninterrupted_training_and_consolidation_loads_into_single_device() {
+    let dir = temp_dir("resume");
+    let straight = train::<NdArray>(
+        &tiny(StrategyName::Rtp, 3, 20),
+        |_| Default::default(),
+        None,
+    )
+    .unwrap();
+
+    let mut first = tiny(StrategyName::Rtp, 3, 10);
+    first.checkpoint_dir = Some(dir.join("ckpt"));
+    let a = train::<NdArray>(&first, |_| Default::default(), None).unwrap();
+    let checkpoint = a.checkpoint.clone().expect("a checkpoint was written");
+    assert!(checkpoint.join("manifest.json").exists());
+    // Per-rank shards: one model and one optimizer file per rank, nothing temporary left.
+    let names: Vec<String> = std::fs::read_dir(&checkpoint)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        names.iter().filter(|n| n.ends_with(".model.bin")).count(),
+        3,
+        "{names:?}"
+    );
+    assert!(!std::fs::read_dir(dir.join("ckpt")).unwrap().any(|e| e
+        .unwrap()
+        .file_name()
+        .to_string_lossy()
+        .starts_with(".tmp")));
+
+    let mut second = tiny(StrategyName::Rtp, 3, 10);
+    second.resume = Some(dir.join("ckpt"));
+    second.checkpoint_dir = Some(dir.join("ckpt"));
+    let b = train::<NdArray>(&second, |_| Default::default(), None).unwrap();
+    let resumed: Vec<f64> = a
+        .report
+        .losses
+        .iter()
+        .chain(&b.report.losses)
+        .copied()
+        .collect();
+    assert_eq!(
+        resumed, straight.report.losses,
+        "resumed training must equal 20 straight steps bit for bit"
+    );
+    assert_eq!(b.report.final_val_loss, straight.report.final_val_loss);
+
+    // Consolidate the final checkpoint and evaluate it on plain single-device Burn.
+    let out = dir.join("full.bin");
+    let manifest = consolidate_checkpoint::<NdArray>(b.checkpoint.as_ref().unwrap(), &out).unwrap();
+    assert_eq!(manifest.step, 20);
+    let cfg = tiny(StrategyName::Rtp, 3, 20);
+    let single = load_consolidated::<NdArray>(&out, &cfg.model, &Default::default()).unwrap();
+    let val = reference_val_loss(&cfg, &single);
+    assert!(
+        rel_close(val, b.report.final_val_loss, 1e-5),
+        "single-device validation loss {val} vs RTP {}",
+        b.report.final_val_loss
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn bad_checkpoints_are_refused() {
+    let dir = temp_dir("bad-ckpt");
+    let mut cfg = tiny(StrategyName::Rtp, 2, 2);
+    cfg.checkpoint_dir = Some(dir.join("ckpt"));
+    let out = train::<NdArray>(&cfg, |_| Default::default(), None).unwrap();
+    let ckpt = out.checkpoint.unwrap();
+
+    // World size mismatch.
+    let mut wrong = tiny(StrategyName::Rtp, 4, 2);
+    wrong.resume = Some(ckpt.clone());
+    let err = train::<NdArray>(&wrong, |_| Default::default(), None).unwrap_err();
+    assert!(
+        matches!(&err, TrainError::Checkpoint(CheckpointError::Mismatch { what, .. }) if what == "world size"),
+        "{err}"
+    );
+
+    // Config mismatch.
+    let mut wrong = tiny(StrategyName::Rtp, 2, 2);
+    wrong.model.d_model = 24;
+    wrong.resume = Some(ckpt.clone());
+    let err = train::<NdArray>(&wrong, |_| Default::default(), None).unwrap_err();
+    assert!(err.to_string().contains("model config"), "{err}");
+
+    // Truncated shard.
+    let shard = ckpt.join("rank-00001.model.bin");
+    let bytes = std::fs::read(&shard).unwrap();
+    std::fs::write(&shard, &bytes[..bytes.len() / 2]).unwrap();
+    let err = Manifest::open(&ckpt).unwrap_err();
+    assert!(err.to_string().contains("truncated"), "{err}");
+
+    // Corrupt shard of the right size.
+    let mut corrupt = bytes.clone();
+    let mid = corrupt.len() / 2;
+    corrupt[mid] ^= 0xff;
+    std::fs::write(&shard, &corrupt).unwrap();
+    let mut resume = tiny(StrategyName::Rtp, 2, 2);
+    resume.resume = Some(ckpt.clone());
+    resume.checkpoint_dir = Some(dir.join("ckpt"));
+    let err = train::<NdArray>(&resume, |_| Default::default(), None).unwrap_err();
+    assert!(err.to_string().contains("checksum"), "{err}");
+    // Nothing new was written by the failed resume.
+    let steps: Vec<_> = std::fs::read_dir(dir.join("ckpt")).unwrap().collect();
+    assert_eq!(steps.len(), 2, "only step-00000002 and `latest` exist");
+
+    // No checkpoint at all.
+    let err = Manifest::open(&dir.join("nowhere")).unwrap_err();
+    assert!(matches!(err, CheckpointError::Missing { .. }), "{err}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn bad_data_is_refused() {
+    let dir = temp_dir("bad-data");
+    let mut cfg = tiny(StrategyName::Rtp, 2, 1);
+    cfg.data = Some(dir.join("missing.txt"));
+    let err = train::<NdArray>(&cfg, |_| Default::default(), None).unwrap_err();
+    assert!(
+        matches!(err, TrainError::Data(DataError::Read { .. })),
+        "{err}"
+    );
+
+    let binary = dir.join("binary.dat");
+    let mut bytes = b"plain text ".repeat(100);
+    bytes[500] = 0xff;
+    std::fs::write(&binary, &bytes).unwrap();
+    cfg.data = Some(binary);
+    let err = train::<NdArray>(&cfg, |_| Default::default(), None).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            TrainError::Data(DataError::NotUtf8 { offset: 500, .. })
+        ),
+        "{err}"
+    );
+
+    let short = dir.join("short.txt");
+    std::fs::write(&short, "too short").unwrap();
+    cfg.data = Some(short);
+    let err = train::<NdArray>(&cfg, |_| Default::default(), None).unwrap_err();
+    assert!(
+        matches!(err, TrainError::Data(DataError::TooShort { .. })),
+        "{err}"
+    );
+
+    let mut cfg = tiny(StrategyName::Rtp, 5, 1);
+    cfg.batch = 12;
+    let err = train::<NdArray>(&cfg, |_| Default::default(), None).unwrap_err();
+    assert!(err.to_string().contains("multiple of the 5 ranks"), "{err}");
+    let _ = std::fs::remove_dir_all(dir);
+}
