@@ -35,6 +35,8 @@ pub struct Ledger {
     peak: [AtomicI64; 3],
     total_live: AtomicI64,
     total_peak: AtomicI64,
+    rank: usize,
+    cap: Option<u64>,
 }
 
 /// A snapshot of one rank's memory, in bytes.
@@ -56,6 +58,15 @@ impl Ledger {
         Arc::new(Self::default())
     }
 
+    /// Creates the ledger of `rank`, which refuses to hold more than `cap` bytes at once.
+    pub fn for_rank(rank: usize, cap: Option<u64>) -> Arc<Self> {
+        Arc::new(Self {
+            rank,
+            cap,
+            ..Self::default()
+        })
+    }
+
     fn add(&self, cat: Category, bytes: i64) {
         let i = slot(cat);
         let now = self.live[i].fetch_add(bytes, Ordering::AcqRel) + bytes;
@@ -65,7 +76,21 @@ impl Ledger {
     }
 
     /// Charges `bytes` to `cat` until the returned charge drops.
+    ///
+    /// A ledger with a cap raises [`RtpError::OutOfMemory`](crate::RtpError::OutOfMemory)
+    /// instead of going over it, as a device would fail an allocation.
     pub fn charge(self: &Arc<Self>, cat: Category, bytes: usize) -> Arc<Charge> {
+        if let Some(cap) = self.cap {
+            let live = self.total_live.load(Ordering::Acquire).max(0) as u64;
+            if live + bytes as u64 > cap {
+                crate::error::raise(crate::RtpError::OutOfMemory {
+                    rank: self.rank,
+                    requested: bytes as u64,
+                    live,
+                    cap,
+                });
+            }
+        }
         self.add(cat, bytes as i64);
         Arc::new(Charge {
             ledger: self.clone(),

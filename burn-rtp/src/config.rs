@@ -86,6 +86,8 @@ pub struct RtpConfig {
     pub peer_timeout: Duration,
     /// Whether ops without a shard-wise rule gather their operands (otherwise they fail).
     pub gather_fallback: bool,
+    /// Per-rank memory cap enforced by the accounting (`None`: unlimited).
+    pub memory_cap: Option<u64>,
 }
 
 impl RtpConfig {
@@ -98,6 +100,7 @@ impl RtpConfig {
             shard_threshold: 0,
             peer_timeout: Duration::from_secs(120),
             gather_fallback: true,
+            memory_cap: None,
         }
     }
 
@@ -122,6 +125,12 @@ impl RtpConfig {
     /// Sets how long a rank waits for a silent peer.
     pub fn with_peer_timeout(mut self, timeout: Duration) -> Self {
         self.peer_timeout = timeout;
+        self
+    }
+
+    /// Caps the bytes each rank may hold; going over fails like a device allocation would.
+    pub fn with_memory_cap(mut self, bytes: u64) -> Self {
+        self.memory_cap = Some(bytes);
         self
     }
 

@@ -126,6 +126,16 @@ impl<B: Backend> RtpDevice<B> {
         out
     }
 
+    /// Starts (or stops) recording this rank's rotation timeline, clearing what was recorded.
+    pub fn record_timeline(&self, on: bool) {
+        self.ctx.timeline.enable(on)
+    }
+
+    /// The intervals recorded since the last call.
+    pub fn take_timeline(&self) -> Vec<crate::timeline::Interval> {
+        self.ctx.timeline.take()
+    }
+
     /// The configuration of the world.
     pub fn config(&self) -> &crate::RtpConfig {
         &self.ctx.config

@@ -112,6 +112,18 @@ pub enum RtpError {
         /// The target device.
         target: String,
     },
+    /// A rank would hold more bytes than its memory cap allows.
+    #[error("rank {rank}: out of memory: {requested} B requested with {live} B live, over the cap of {cap} B")]
+    OutOfMemory {
+        /// The rank.
+        rank: usize,
+        /// Bytes of the refused allocation.
+        requested: u64,
+        /// Bytes held at the time.
+        live: u64,
+        /// The cap.
+        cap: u64,
+    },
     /// The transport failed.
     #[error("rank {rank}: transport failure in `{op}`: {reason}")]
     Transport {

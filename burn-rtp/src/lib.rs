@@ -15,6 +15,7 @@ pub mod rotation;
 pub mod shard_io;
 pub mod sharding;
 mod tensor;
+pub mod timeline;
 pub mod transport;
 mod world;
 

@@ -18,6 +18,7 @@ use crate::accounting::{Category, Charge};
 use crate::collectives::from_payload;
 use crate::collectives::send;
 use crate::config::RotationMode;
+use crate::timeline::IntervalKind;
 use crate::transport::{Header, RecvHandle};
 use crate::world::RankCtx;
 use burn::tensor::backend::Backend;
@@ -43,6 +44,7 @@ struct Buffer<B: Backend> {
 struct Posted<B: Backend> {
     handles: Vec<Box<dyn RecvHandle<Float<B>>>>,
     charge: Arc<Charge>,
+    posted: Option<std::time::Instant>,
 }
 
 fn headers(seq: u64, op: &'static str, j: usize, shapes: Vec<Vec<usize>>) -> Vec<Header> {
@@ -64,11 +66,16 @@ fn post<B: Backend>(ctx: &RankCtx<B>, from: usize, expect: Vec<Header>, elem: us
     let charge = ctx
         .ledger
         .charge(Category::InFlight, bytes_of(&shapes, elem));
+    let posted = ctx.timeline.start();
     let handles = expect
         .into_iter()
         .map(|h| ctx.check(ctx.transport.irecv(from, h)))
         .collect();
-    Posted { handles, charge }
+    Posted {
+        handles,
+        charge,
+        posted,
+    }
 }
 
 fn complete<B: Backend>(ctx: &RankCtx<B>, posted: Posted<B>) -> Buffer<B> {
@@ -77,10 +84,19 @@ fn complete<B: Backend>(ctx: &RankCtx<B>, posted: Posted<B>) -> Buffer<B> {
         .into_iter()
         .map(|h| from_payload(ctx, ctx.check(h.wait())))
         .collect();
+    ctx.timeline.finish(IntervalKind::Transfer, posted.posted);
     Buffer {
         tensors,
         _charge: Some(posted.charge),
     }
+}
+
+/// Runs one step's compute, recorded on the timeline.
+fn timed<B: Backend, T>(ctx: &RankCtx<B>, f: impl FnOnce() -> T) -> T {
+    let started = ctx.timeline.start();
+    let out = f();
+    ctx.timeline.finish(IntervalKind::Compute, started);
+    out
 }
 
 fn send_bundle<B: Backend>(
@@ -130,13 +146,13 @@ pub(crate) fn rotate<B: Backend>(
                         elem,
                     )
                 });
-                compute(j, &cur.tensors);
+                timed(ctx, || compute(j, &cur.tensors));
                 if let Some(posted) = posted {
                     cur = complete(ctx, posted);
                 }
             }
             RotationMode::InPlace => {
-                compute(j, &cur.tensors);
+                timed(ctx, || compute(j, &cur.tensors));
                 if !last {
                     send_bundle(ctx, next, seq, op, j, &cur.tensors);
                     drop(std::mem::take(&mut cur.tensors));
@@ -205,7 +221,7 @@ pub(crate) fn reduce_scatter<B: Backend>(
     let mut posted: Option<Posted<B>> = None;
     for t in 0..n {
         let j = (r + 2 * n - 1 - t) % n;
-        let mine = contribution(j);
+        let mine = timed(ctx, || contribution(j));
         let elem = mine.first().map(|t| t.dtype().size()).unwrap_or(4);
         let summed: Vec<Float<B>> = if t == 0 {
             mine

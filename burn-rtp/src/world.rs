@@ -29,6 +29,7 @@ pub struct RankCtx<B: Backend> {
     seed: AtomicU64,
     fallbacks: Mutex<BTreeMap<String, u64>>,
     pub(crate) shard_io: Mutex<crate::shard_io::ShardIo>,
+    pub(crate) timeline: crate::timeline::Timeline,
     pub(crate) index_id: u16,
 }
 
@@ -182,6 +183,7 @@ pub fn register_device<B: Backend>(
     crate::launch::check_rank(rank, config.world_size)?;
     let mut reg = registry().lock().unwrap();
     let index_id = u16::try_from(reg.len()).unwrap_or(u16::MAX);
+    let ledger = Ledger::for_rank(rank, config.memory_cap);
     let ctx = Arc::new(RankCtx {
         rank,
         world_size: config.world_size,
@@ -189,7 +191,8 @@ pub fn register_device<B: Backend>(
         inner,
         transport,
         config,
-        ledger: Ledger::new(),
+        ledger,
+        timeline: crate::timeline::Timeline::default(),
         seq: AtomicU64::new(0),
         persistent: AtomicUsize::new(0),
         param_stream: AtomicU64::new(0),

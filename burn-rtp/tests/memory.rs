@@ -77,3 +77,48 @@ fn in_place_rotation_holds_fewer_bytes_in_flight() {
         );
     }
 }
+
+#[test]
+fn the_memory_cap_fails_like_an_allocation_and_names_the_rank() {
+    let run = |cap: u64| {
+        launch(RtpConfig::new(WORLD).with_memory_cap(cap), |device| {
+            let mut model = TinyLm::<Dist>::new(&device);
+            let mut optim = RtpOptimizer::new(adam().init());
+            let loss = step_loss_lm(&model, 0, rows(device.rank(), WORLD), &device);
+            let grads = burn::optim::GradientsParams::from_grads(loss.backward(), &model);
+            model = optim.step(LR, model, grads);
+            model.num_params()
+        })
+    };
+    let err = run(16 * 1024).unwrap_err();
+    assert!(
+        matches!(err, burn_rtp::RtpError::OutOfMemory { cap: 16384, .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("out of memory"), "{err}");
+    assert!(run(64 * 1024 * 1024).is_ok());
+}
+
+#[test]
+fn out_of_place_rotation_hides_transfers_behind_compute() {
+    let hidden = |mode: RotationMode| {
+        launch(RtpConfig::new(WORLD).with_rotation(mode), |device| {
+            let model = TinyLm::<Dist>::new(&device);
+            device.record_timeline(true);
+            let loss = step_loss_lm(&model, 0, rows(device.rank(), WORLD), &device);
+            let _ = loss.backward();
+            burn_rtp::timeline::hidden_transfer_fraction(&device.take_timeline())
+        })
+        .unwrap()
+    };
+    let oop = hidden(RotationMode::OutOfPlace);
+    let ip = hidden(RotationMode::InPlace);
+    for rank in 0..WORLD {
+        let (o, i) = (
+            oop[rank].expect("transfers recorded"),
+            ip[rank].expect("transfers recorded"),
+        );
+        assert!(o > 0.0, "rank {rank}: out-of-place hid nothing");
+        assert!(i < o, "rank {rank}: in-place hid {i}, out-of-place {o}");
+    }
+}
