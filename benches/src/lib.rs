@@ -1,1 +1,330 @@
-//! Benchmarks and the scaling report of burn-rtp (see the project's open benchmark issue).
+//! Measuring strategies side by side: a [`Driver`] keeps a world of ranks alive and runs
+//! training steps on demand, so benchmarks time steps, not world start-up.
+
+pub mod report;
+
+use burn::backend::{Autodiff, NdArray};
+use burn::module::Module;
+use burn::optim::{AdamConfig, GradientsParams, Optimizer};
+use burn::tensor::backend::Backend;
+use burn_rtp::timeline::Interval;
+use burn_rtp::{MemoryStats, RotationMode, Rtp, RtpError, RtpOptimizer};
+use burn_rtp_examples::data::{Corpus, Windows};
+use burn_rtp_examples::{Gpt, GptConfig, StrategyName};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::Mutex;
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+type B = Autodiff<Rtp<NdArray>>;
+
+/// A strategy as the benchmarks name it (RTP comes in two rotation modes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum Variant {
+    /// One device.
+    Single,
+    /// Data parallelism.
+    Ddp,
+    /// ZeRO-3.
+    Fsdp,
+    /// RTP, double-buffered.
+    RtpOutOfPlace,
+    /// RTP, single buffer.
+    RtpInPlace,
+}
+
+impl Variant {
+    /// Every variant, baselines first.
+    pub const ALL: [Variant; 5] = [
+        Variant::Single,
+        Variant::Ddp,
+        Variant::Fsdp,
+        Variant::RtpOutOfPlace,
+        Variant::RtpInPlace,
+    ];
+
+    /// Short name for tables and bench ids.
+    pub fn name(self) -> &'static str {
+        match self {
+            Variant::Single => "single",
+            Variant::Ddp => "ddp",
+            Variant::Fsdp => "fsdp",
+            Variant::RtpOutOfPlace => "rtp-oop",
+            Variant::RtpInPlace => "rtp-ip",
+        }
+    }
+
+    fn strategy(self) -> (StrategyName, RotationMode) {
+        match self {
+            Variant::Single => (StrategyName::Single, RotationMode::OutOfPlace),
+            Variant::Ddp => (StrategyName::Ddp, RotationMode::OutOfPlace),
+            Variant::Fsdp => (StrategyName::Fsdp, RotationMode::OutOfPlace),
+            Variant::RtpOutOfPlace => (StrategyName::Rtp, RotationMode::OutOfPlace),
+            Variant::RtpInPlace => (StrategyName::Rtp, RotationMode::InPlace),
+        }
+    }
+}
+
+/// One benchmark case: a variant, a world size, a model and a global batch.
+#[derive(Debug, Clone)]
+pub struct Case {
+    /// The strategy.
+    pub variant: Variant,
+    /// Ranks.
+    pub ranks: usize,
+    /// Model shape.
+    pub model: GptConfig,
+    /// Sequences per step over all ranks.
+    pub batch: usize,
+    /// Per-rank memory cap.
+    pub memory_cap: Option<u64>,
+}
+
+/// The two benchmark models.
+pub mod models {
+    use burn_rtp_examples::GptConfig;
+
+    /// A small model, where activations and overheads matter.
+    pub fn small() -> GptConfig {
+        GptConfig::new(32, 64, 2, 4)
+    }
+
+    /// A model whose state (parameters, gradients, Adam) dominates its activations: one wide
+    /// block (3.4 M parameters, 54 MiB of fp32 state) on short sequences.
+    pub fn state_dominated() -> GptConfig {
+        GptConfig::new(16, 512, 1, 8)
+    }
+}
+
+enum Cmd {
+    Steps(usize),
+    ResetPeak,
+    Peak,
+    Timeline(bool),
+    Stop,
+}
+
+enum Reply {
+    Stepped(f64),
+    Peak(usize, MemoryStats),
+    Timeline(usize, Vec<Interval>),
+    Ack,
+}
+
+/// A live world of ranks that trains on demand.
+pub struct Driver {
+    commands: Vec<Sender<Cmd>>,
+    replies: Receiver<Reply>,
+    world: Option<JoinHandle<Result<(), RtpError>>>,
+    params: usize,
+}
+
+fn rank_loop(
+    device: burn_rtp::RtpDevice<NdArray>,
+    case: &Case,
+    corpus: &Corpus,
+    commands: Receiver<Cmd>,
+    replies: Sender<Reply>,
+) {
+    B::seed(&device, 7);
+    let world = device.world_size();
+    let per = case.batch / world;
+    let rank = device.rank();
+    let mut model: Gpt<B> = case.model.init::<B>(&device);
+    let mut optim = RtpOptimizer::new(AdamConfig::new().init::<B, Gpt<B>>());
+    let mut step = 0;
+    let _ = replies.send(Reply::Peak(
+        rank,
+        MemoryStats {
+            sharded: model.num_params() as u64,
+            ..Default::default()
+        },
+    ));
+    while let Ok(cmd) = commands.recv() {
+        match cmd {
+            Cmd::Steps(k) => {
+                let t0 = Instant::now();
+                for _ in 0..k {
+                    let (x, y) = Windows::train(
+                        corpus,
+                        7,
+                        step,
+                        rank * per..(rank + 1) * per,
+                        case.model.seq,
+                    )
+                    .tensors::<B>(&device);
+                    let loss = model.loss(x, y);
+                    let grads = GradientsParams::from_grads(loss.backward(), &model);
+                    model = optim.step(1e-3, model, grads);
+                    step += 1;
+                }
+                // Steps end together: the slowest rank sets the step time.
+                device.barrier();
+                let _ = replies.send(Reply::Stepped(t0.elapsed().as_secs_f64()));
+            }
+            Cmd::ResetPeak => device.reset_memory_peak(),
+            Cmd::Peak => {
+                let _ = replies.send(Reply::Peak(rank, device.memory_peak()));
+            }
+            Cmd::Timeline(on) => {
+                let intervals = device.take_timeline();
+                device.record_timeline(on);
+                let _ = replies.send(Reply::Timeline(rank, intervals));
+            }
+            Cmd::Stop => break,
+        }
+        let _ = replies.send(Reply::Ack);
+    }
+}
+
+impl Driver {
+    /// Starts the world of `case` and builds its model on every rank.
+    pub fn start(case: Case) -> Result<Self, RtpError> {
+        let (strategy, rotation) = case.variant.strategy();
+        let mut config = strategy.rtp_config(case.ranks, rotation);
+        if let Some(cap) = case.memory_cap {
+            config = config.with_memory_cap(cap);
+        }
+        let ranks = config.world_size;
+        let mut senders = Vec::new();
+        let mut receivers = Vec::new();
+        for _ in 0..ranks {
+            let (tx, rx) = channel();
+            senders.push(tx);
+            receivers.push(Mutex::new(Some(rx)));
+        }
+        let (reply_tx, replies) = channel();
+        let reply_tx = Mutex::new(reply_tx);
+        let corpus = Corpus::load(None, case.model.seq).expect("the shipped corpus loads");
+        let world = std::thread::spawn(move || {
+            burn_rtp::launch(config, |device| {
+                let rx = receivers[device.rank()]
+                    .lock()
+                    .unwrap()
+                    .take()
+                    .expect("one receiver per rank");
+                let tx = reply_tx.lock().unwrap().clone();
+                rank_loop(device, &case, &corpus, rx, tx);
+            })
+            .map(|_| ())
+        });
+        let mut driver = Self {
+            commands: senders,
+            replies,
+            world: Some(world),
+            params: 0,
+        };
+        // The first reply of each rank carries the parameter count.
+        for _ in 0..ranks {
+            match driver.replies.recv() {
+                Ok(Reply::Peak(_, m)) => driver.params = m.sharded as usize,
+                _ => return Err(driver.failure()),
+            }
+        }
+        Ok(driver)
+    }
+
+    /// Parameters of the model.
+    pub fn params(&self) -> usize {
+        self.params
+    }
+
+    fn failure(&mut self) -> RtpError {
+        match self.world.take().map(|h| h.join()) {
+            Some(Ok(Err(e))) => e,
+            _ => RtpError::RankFailed {
+                rank: usize::MAX,
+                reason: "the benchmark world stopped".into(),
+            },
+        }
+    }
+
+    fn broadcast(&mut self, cmd: impl Fn() -> Cmd) -> Result<Vec<Reply>, RtpError> {
+        let n = self.commands.len();
+        for tx in &self.commands {
+            if tx.send(cmd()).is_err() {
+                return Err(self.failure());
+            }
+        }
+        let mut out = Vec::with_capacity(n);
+        let mut acks = 0;
+        while acks < n {
+            match self.replies.recv() {
+                Ok(Reply::Ack) => acks += 1,
+                Ok(reply) => out.push(reply),
+                Err(_) => return Err(self.failure()),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Runs `k` training steps on every rank; returns the wall time of the slowest rank.
+    pub fn steps(&mut self, k: usize) -> Result<f64, RtpError> {
+        let replies = self.broadcast(|| Cmd::Steps(k))?;
+        Ok(replies
+            .iter()
+            .filter_map(|r| match r {
+                Reply::Stepped(s) => Some(*s),
+                _ => None,
+            })
+            .fold(0.0, f64::max))
+    }
+
+    /// Starts a new peak window on every rank.
+    pub fn reset_peaks(&mut self) -> Result<(), RtpError> {
+        self.broadcast(|| Cmd::ResetPeak).map(|_| ())
+    }
+
+    /// Every rank's peak memory since the last reset, in rank order.
+    pub fn peaks(&mut self) -> Result<Vec<MemoryStats>, RtpError> {
+        let mut peaks: Vec<(usize, MemoryStats)> = self
+            .broadcast(|| Cmd::Peak)?
+            .into_iter()
+            .filter_map(|r| match r {
+                Reply::Peak(rank, m) => Some((rank, m)),
+                _ => None,
+            })
+            .collect();
+        peaks.sort_by_key(|(r, _)| *r);
+        Ok(peaks.into_iter().map(|(_, m)| m).collect())
+    }
+
+    /// Records the rotation timeline during `k` steps and returns each rank's intervals.
+    pub fn timeline(&mut self, k: usize) -> Result<Vec<Vec<Interval>>, RtpError> {
+        self.broadcast(|| Cmd::Timeline(true))?;
+        self.steps(k)?;
+        let replies = self.broadcast(|| Cmd::Timeline(false))?;
+        let mut out: Vec<(usize, Vec<Interval>)> = replies
+            .into_iter()
+            .filter_map(|r| match r {
+                Reply::Timeline(rank, v) => Some((rank, v)),
+                _ => None,
+            })
+            .collect();
+        out.sort_by_key(|(r, _)| *r);
+        Ok(out.into_iter().map(|(_, v)| v).collect())
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        for tx in &self.commands {
+            let _ = tx.send(Cmd::Stop);
+        }
+        self.commands.clear();
+        if let Some(h) = self.world.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// Median of a sample.
+pub fn median(values: &[f64]) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    if v.is_empty() {
+        f64::NAN
+    } else {
+        v[v.len() / 2]
+    }
+}

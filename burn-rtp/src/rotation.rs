@@ -91,6 +91,15 @@ fn complete<B: Backend>(ctx: &RankCtx<B>, posted: Posted<B>) -> Buffer<B> {
     }
 }
 
+/// Charges inner tensors that an op holds only briefly (partial results) as local memory.
+pub(crate) fn transient<B: Backend>(ctx: &RankCtx<B>, tensors: &[Float<B>]) -> Arc<Charge> {
+    let bytes = tensors
+        .iter()
+        .map(|t| t.shape().num_elements() * t.dtype().size())
+        .sum();
+    ctx.ledger.charge(Category::Local, bytes)
+}
+
 /// Runs one step's compute, recorded on the timeline.
 fn timed<B: Backend, T>(ctx: &RankCtx<B>, f: impl FnOnce() -> T) -> T {
     let started = ctx.timeline.start();
@@ -223,6 +232,8 @@ pub(crate) fn reduce_scatter<B: Backend>(
         let j = (r + 2 * n - 1 - t) % n;
         let mine = timed(ctx, || contribution(j));
         let elem = mine.first().map(|t| t.dtype().size()).unwrap_or(4);
+        // This rank's contribution is a temporary until it joins the travelling buffer.
+        let _contribution = transient::<B>(ctx, &mine);
         let summed: Vec<Float<B>> = if t == 0 {
             mine
         } else {

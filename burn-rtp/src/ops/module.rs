@@ -6,7 +6,7 @@ use crate::accounting::{Category, Charge};
 use crate::backend::Rtp;
 use crate::collectives::all_gather;
 use crate::config::Strategy;
-use crate::rotation::{reduce_scatter, rotate};
+use crate::rotation::{reduce_scatter, rotate, transient};
 use crate::sharding::ShardSpec;
 use crate::tensor::{Layout, RtpTensor};
 use crate::world::RankCtx;
@@ -49,6 +49,8 @@ fn reduce_scatter_full<B: Backend>(
     spec: ShardSpec,
     full: Float<B>,
 ) -> RtpTensor<B> {
+    // The full local gradient exists until the reduce-scatter has taken it apart.
+    let _full = transient::<B>(ctx, std::slice::from_ref(&full));
     let prefix: Vec<usize> = spec.full[..spec.full.num_dims() - 1].to_vec();
     let mut own = reduce_scatter(
         ctx,
@@ -100,16 +102,17 @@ impl<B: Backend> ModuleOps<Self> for Rtp<B> {
         }
         let rows = spec.full[0];
         let mut parts: Vec<Option<Float<B>>> = vec![None; ctx.world_size];
+        // Column blocks are held until they are assembled into the output.
+        let mut held: Vec<Arc<Charge>> = Vec::with_capacity(ctx.world_size);
         rotate(
             &ctx,
             "embedding.forward",
             vec![weights.inner.clone()],
             |j| vec![vec![rows, spec.range(j).len]],
             |j, shard| {
-                parts[j] = Some(kernels::embedding_columns::<B>(
-                    shard[0].clone(),
-                    indices.clone(),
-                ));
+                let part = kernels::embedding_columns::<B>(shard[0].clone(), indices.clone());
+                held.push(transient::<B>(&ctx, std::slice::from_ref(&part)));
+                parts[j] = Some(part);
             },
         );
         let parts: Vec<Float<B>> = parts
@@ -189,6 +192,8 @@ impl<B: Backend> ModuleOps<Self> for Rtp<B> {
         };
         let with_bias = bundle.len() == 2;
         let mut parts: Vec<Option<Float<B>>> = vec![None; ctx.world_size];
+        // Column blocks are held until they are assembled into the output.
+        let mut held: Vec<Arc<Charge>> = Vec::with_capacity(ctx.world_size);
         rotate(
             &ctx,
             "linear.forward",
@@ -203,7 +208,9 @@ impl<B: Backend> ModuleOps<Self> for Rtp<B> {
             },
             |j, shard| {
                 let b = shard.get(1).cloned();
-                parts[j] = Some(kernels::linear_columns::<B>(x.clone(), shard[0].clone(), b));
+                let part = kernels::linear_columns::<B>(x.clone(), shard[0].clone(), b);
+                held.push(transient::<B>(&ctx, std::slice::from_ref(&part)));
+                parts[j] = Some(part);
             },
         );
         let parts: Vec<Float<B>> = parts

@@ -1,0 +1,648 @@
+//! The scaling report: memory, memory-scaling efficiency, step time against DDP, capacity
+//! under a memory cap, and transfer/compute overlap, measured side by side in one run.
+
+use crate::{median, Case, Driver, Variant};
+use burn_rtp::{human_bytes, MemoryStats, RtpError};
+use burn_rtp_examples::GptConfig;
+use serde::Serialize;
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+
+/// What to measure.
+#[derive(Debug, Clone)]
+pub struct ReportConfig {
+    /// Output folder.
+    pub out: PathBuf,
+    /// World sizes.
+    pub ranks: Vec<usize>,
+    /// The state-dominated model every figure uses.
+    pub model: GptConfig,
+    /// Global batch.
+    pub batch: usize,
+    /// Steps per timing sample.
+    pub steps: usize,
+    /// Timing samples per strategy (taken in alternation).
+    pub repeats: usize,
+    /// Per-rank memory cap for the capacity search.
+    pub cap_bytes: u64,
+    /// Models to try in the capacity search, smallest first.
+    pub capacity_candidates: Vec<GptConfig>,
+}
+
+impl ReportConfig {
+    /// The full report's defaults.
+    pub fn full(out: PathBuf) -> Self {
+        Self {
+            out,
+            ranks: vec![1, 2, 4, 8],
+            model: crate::models::state_dominated(),
+            batch: 8,
+            steps: 4,
+            repeats: 7,
+            cap_bytes: 48 * 1024 * 1024,
+            capacity_candidates: capacity_candidates(16, 32, 2048),
+        }
+    }
+
+    /// A seconds-long configuration for tests.
+    pub fn tiny(out: PathBuf) -> Self {
+        Self {
+            out,
+            ranks: vec![1, 2, 4, 8],
+            model: GptConfig::new(8, 32, 1, 4),
+            batch: 8,
+            steps: 1,
+            repeats: 1,
+            cap_bytes: 4 * 1024 * 1024,
+            capacity_candidates: capacity_candidates(8, 16, 256),
+        }
+    }
+}
+
+/// Models of growing width and depth: width grows by a fifth each time, and a block is
+/// added every six widths.
+pub fn capacity_candidates(seq: usize, from: usize, to: usize) -> Vec<GptConfig> {
+    let mut out = Vec::new();
+    let mut d = from as f64;
+    let mut k = 0;
+    while (d as usize) <= to {
+        let width = ((d as usize).div_ceil(8)) * 8;
+        out.push(GptConfig::new(seq, width, 1 + k / 6, 4));
+        d *= 1.2;
+        k += 1;
+    }
+    out
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct MemoryRow {
+    strategy: &'static str,
+    ranks: usize,
+    sharded: u64,
+    local: u64,
+    in_flight: u64,
+    total: u64,
+    ideal_model_state: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct TimeRow {
+    strategy: &'static str,
+    ranks: usize,
+    step_ms_median: f64,
+    over_ddp: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct CapacityRow {
+    strategy: &'static str,
+    ranks: usize,
+    d_model: usize,
+    layers: usize,
+    params: usize,
+}
+
+fn worst(peaks: &[MemoryStats]) -> MemoryStats {
+    peaks
+        .iter()
+        .fold(MemoryStats::default(), |a, p| MemoryStats {
+            sharded: a.sharded.max(p.sharded),
+            local: a.local.max(p.local),
+            in_flight: a.in_flight.max(p.in_flight),
+            total: a.total.max(p.total),
+        })
+}
+
+fn variants_at(ranks: usize) -> Vec<Variant> {
+    Variant::ALL
+        .into_iter()
+        .filter(|v| ranks == 1 || *v != Variant::Single)
+        .collect()
+}
+
+/// Whether `model` trains two steps under the cap with `variant` on `ranks` ranks.
+fn fits(
+    variant: Variant,
+    ranks: usize,
+    model: &GptConfig,
+    batch: usize,
+    cap: u64,
+) -> Result<Option<usize>, RtpError> {
+    let case = Case {
+        variant,
+        ranks,
+        model: model.clone(),
+        batch,
+        memory_cap: Some(cap),
+    };
+    let mut driver = match Driver::start(case) {
+        Ok(d) => d,
+        Err(RtpError::OutOfMemory { .. }) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    match driver.steps(2) {
+        Ok(_) => Ok(Some(driver.params())),
+        Err(RtpError::OutOfMemory { .. }) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// The largest candidate that fits, by bisection over the (growing) candidates.
+fn capacity(
+    variant: Variant,
+    ranks: usize,
+    cfg: &ReportConfig,
+) -> Result<Option<(GptConfig, usize)>, RtpError> {
+    let c = &cfg.capacity_candidates;
+    let (mut lo, mut hi) = (0usize, c.len());
+    let mut best = None;
+    while lo < hi {
+        let mid = (lo + hi) / 2;
+        match fits(variant, ranks, &c[mid], cfg.batch, cfg.cap_bytes)? {
+            Some(params) => {
+                best = Some((c[mid].clone(), params));
+                lo = mid + 1;
+            }
+            None => hi = mid,
+        }
+    }
+    Ok(best)
+}
+
+fn ratio(a: f64, b: f64) -> f64 {
+    if b > 0.0 {
+        a / b
+    } else {
+        f64::NAN
+    }
+}
+
+/// Runs every measurement and writes `report.json`, `report.md` and the SVG plots.
+pub fn run(cfg: &ReportConfig, log: &dyn Fn(&str)) -> Result<Value, Box<dyn std::error::Error>> {
+    std::fs::create_dir_all(&cfg.out)?;
+    let mut memory = Vec::new();
+    let mut times = Vec::new();
+    let mut overlap_n4 = f64::NAN;
+    let mut params = 0;
+    for &ranks in &cfg.ranks {
+        log(&format!(
+            "N = {ranks}: starting {} worlds",
+            variants_at(ranks).len()
+        ));
+        let mut drivers = Vec::new();
+        for v in variants_at(ranks) {
+            let mut d = Driver::start(Case {
+                variant: v,
+                ranks,
+                model: cfg.model.clone(),
+                batch: cfg.batch,
+                memory_cap: None,
+            })?;
+            d.steps(1)?;
+            d.reset_peaks()?;
+            params = d.params();
+            drivers.push((v, d));
+        }
+        let mut samples: Vec<Vec<f64>> = vec![Vec::new(); drivers.len()];
+        for round in 0..cfg.repeats {
+            // Alternate strategies inside each round so machine noise hits them alike.
+            for (i, (_, d)) in drivers.iter_mut().enumerate() {
+                samples[i].push(d.steps(cfg.steps)? / cfg.steps as f64);
+            }
+            log(&format!(
+                "N = {ranks}: timing round {}/{}",
+                round + 1,
+                cfg.repeats
+            ));
+        }
+        let ddp_ms = drivers
+            .iter()
+            .position(|(v, _)| *v == Variant::Ddp)
+            .map(|i| median(&samples[i]) * 1e3)
+            .unwrap_or(f64::NAN);
+        let ideal = (params * 16 / ranks) as u64;
+        for (i, (v, d)) in drivers.iter_mut().enumerate() {
+            let peak = worst(&d.peaks()?);
+            memory.push(MemoryRow {
+                strategy: v.name(),
+                ranks,
+                sharded: peak.sharded,
+                local: peak.local,
+                in_flight: peak.in_flight,
+                total: peak.total,
+                ideal_model_state: ideal,
+            });
+            let ms = median(&samples[i]) * 1e3;
+            times.push(TimeRow {
+                strategy: v.name(),
+                ranks,
+                step_ms_median: ms,
+                over_ddp: ratio(ms, ddp_ms),
+            });
+            if ranks == 4 && *v == Variant::RtpOutOfPlace {
+                let fractions: Vec<f64> = d
+                    .timeline(1)?
+                    .iter()
+                    .filter_map(|t| burn_rtp::timeline::hidden_transfer_fraction(t))
+                    .collect();
+                overlap_n4 = fractions.iter().sum::<f64>() / fractions.len().max(1) as f64;
+            }
+        }
+    }
+    log("capacity search under the memory cap");
+    let mut capacity_rows = Vec::new();
+    for v in [Variant::Ddp, Variant::Fsdp, Variant::RtpOutOfPlace] {
+        if let Some((m, p)) = capacity(v, 4, cfg)? {
+            log(&format!(
+                "capacity {}: d_model {} x {} layers = {p} parameters",
+                v.name(),
+                m.d_model,
+                m.layers
+            ));
+            capacity_rows.push(CapacityRow {
+                strategy: v.name(),
+                ranks: 4,
+                d_model: m.d_model,
+                layers: m.layers,
+                params: p,
+            });
+        }
+    }
+    let find_mem = |s: &str, n: usize| memory.iter().find(|r| r.strategy == s && r.ranks == n);
+    let peak_ratio = |a: &str, b: &str| match (find_mem(a, 4), find_mem(b, 4)) {
+        (Some(x), Some(y)) => ratio(x.total as f64, y.total as f64),
+        _ => f64::NAN,
+    };
+    let efficiency = |n: usize| {
+        find_mem("rtp-oop", n)
+            .map(|r| ratio(r.ideal_model_state as f64, r.sharded as f64))
+            .unwrap_or(f64::NAN)
+    };
+    let time_n4 = times
+        .iter()
+        .find(|t| t.strategy == "rtp-oop" && t.ranks == 4)
+        .map_or(f64::NAN, |t| t.over_ddp);
+    let cap_of = |s: &str| {
+        capacity_rows
+            .iter()
+            .find(|r| r.strategy == s)
+            .map(|r| r.params as f64)
+    };
+    let capacity_ratio = match (cap_of("rtp-oop"), cap_of("ddp")) {
+        (Some(a), Some(b)) => ratio(a, b),
+        _ => f64::NAN,
+    };
+    let headline = json!({
+        "rtp_over_ddp_peak_n4": peak_ratio("rtp-oop", "ddp"),
+        "rtp_over_fsdp_peak_n4": peak_ratio("rtp-oop", "fsdp"),
+        "memory_scaling_efficiency_n8": efficiency(8),
+        "rtp_over_ddp_step_time_n4": time_n4,
+        "capacity_rtp_over_ddp_n4": capacity_ratio,
+        "overlap_fraction_n4": overlap_n4,
+    });
+    let machine = json!({
+        "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        "inner_backend": "ndarray (CPU)",
+        "transport": "in-process",
+        "ranks": cfg.ranks,
+        "model": { "d_model": cfg.model.d_model, "layers": cfg.model.layers, "heads": cfg.model.heads, "seq": cfg.model.seq, "params": params },
+        "global_batch": cfg.batch,
+        "cap_bytes": cfg.cap_bytes,
+    });
+    let mut report = headline.clone();
+    let obj = report.as_object_mut().expect("an object");
+    obj.insert("machine".into(), machine.clone());
+    obj.insert("memory".into(), serde_json::to_value(&memory)?);
+    obj.insert(
+        "memory_scaling_efficiency".into(),
+        json!(cfg
+            .ranks
+            .iter()
+            .map(|&n| json!({"ranks": n, "efficiency": efficiency(n)}))
+            .collect::<Vec<_>>()),
+    );
+    obj.insert("step_time".into(), serde_json::to_value(&times)?);
+    obj.insert("capacity".into(), serde_json::to_value(&capacity_rows)?);
+    std::fs::write(
+        cfg.out.join("report.json"),
+        serde_json::to_string_pretty(&report)?,
+    )?;
+    std::fs::write(
+        cfg.out.join("report.md"),
+        markdown(cfg, &headline, &machine, &memory, &times, &capacity_rows),
+    )?;
+    plots::memory(&cfg.out.join("memory.svg"), &memory, &cfg.ranks)?;
+    plots::efficiency(&cfg.out.join("efficiency.svg"), &cfg.ranks, &efficiency)?;
+    plots::step_time(&cfg.out.join("step_time.svg"), &times, &cfg.ranks)?;
+    plots::capacity(&cfg.out.join("capacity.svg"), &capacity_rows)?;
+    Ok(report)
+}
+
+const TARGETS: [(&str, &str, f64, bool); 5] = [
+    (
+        "rtp_over_ddp_peak_n4",
+        "RTP peak / DDP peak at N=4",
+        0.30,
+        true,
+    ),
+    (
+        "rtp_over_fsdp_peak_n4",
+        "RTP peak / FSDP peak at N=4",
+        0.80,
+        true,
+    ),
+    (
+        "memory_scaling_efficiency_n8",
+        "memory-scaling efficiency at N=8",
+        0.95,
+        false,
+    ),
+    (
+        "rtp_over_ddp_step_time_n4",
+        "RTP step time / DDP step time at N=4",
+        1.10,
+        true,
+    ),
+    (
+        "capacity_rtp_over_ddp_n4",
+        "largest model, RTP / DDP, at N=4",
+        3.5,
+        false,
+    ),
+];
+
+fn markdown(
+    cfg: &ReportConfig,
+    headline: &Value,
+    machine: &Value,
+    memory: &[MemoryRow],
+    times: &[TimeRow],
+    capacity: &[CapacityRow],
+) -> String {
+    let mut md = String::from("# burn-rtp scaling report\n\n");
+    md += &format!(
+        "Machine: {} cores; inner backend {}; {} transport; N in {:?}. Model: d_model {}, {} layer(s), {} heads, context {} ({} parameters), global batch {}. Everything below was measured in one run, strategies alternating.\n\n",
+        machine["cores"], machine["inner_backend"].as_str().unwrap_or(""), machine["transport"].as_str().unwrap_or(""),
+        cfg.ranks, cfg.model.d_model, cfg.model.layers, cfg.model.heads, cfg.model.seq, machine["model"]["params"], cfg.batch
+    );
+    md += "## Figures\n\n| figure | measured | target | |\n|---|---|---|---|\n";
+    for (key, label, target, at_most) in TARGETS {
+        let v = headline[key].as_f64().unwrap_or(f64::NAN);
+        let met = if at_most { v <= target } else { v >= target };
+        let verdict = if met {
+            "met".to_string()
+        } else if at_most {
+            format!(
+                "missed by {:.2} ({:.0}% over)",
+                v - target,
+                100.0 * (v / target - 1.0)
+            )
+        } else {
+            format!(
+                "missed by {:.2} ({:.0}% under)",
+                target - v,
+                100.0 * (1.0 - v / target)
+            )
+        };
+        md += &format!(
+            "| {label} | {v:.3} | {} {target} | {verdict} |\n",
+            if at_most { "<=" } else { ">=" }
+        );
+    }
+    md += &format!(
+        "| fraction of rotation transfer time hidden behind compute, N=4 | {:.3} | | |\n\n",
+        headline["overlap_fraction_n4"].as_f64().unwrap_or(f64::NAN)
+    );
+    md += "## Peak memory per rank (worst rank)\n\n| strategy | N | model state | activations | in flight | total | ideal model state (single / N) |\n|---|---|---|---|---|---|---|\n";
+    for r in memory {
+        md += &format!(
+            "| {} | {} | {} | {} | {} | {} | {} |\n",
+            r.strategy,
+            r.ranks,
+            human_bytes(r.sharded),
+            human_bytes(r.local),
+            human_bytes(r.in_flight),
+            human_bytes(r.total),
+            human_bytes(r.ideal_model_state)
+        );
+    }
+    md += "\n## Step time (median of alternating samples)\n\n| strategy | N | step | / DDP |\n|---|---|---|---|\n";
+    for t in times {
+        md += &format!(
+            "| {} | {} | {:.1} ms | {:.3} |\n",
+            t.strategy, t.ranks, t.step_ms_median, t.over_ddp
+        );
+    }
+    md += &format!(
+        "\n## Largest trainable model under a {} cap per rank (N=4)\n\n| strategy | d_model | layers | parameters |\n|---|---|---|---|\n",
+        human_bytes(cfg.cap_bytes)
+    );
+    for c in capacity {
+        md += &format!(
+            "| {} | {} | {} | {} |\n",
+            c.strategy, c.d_model, c.layers, c.params
+        );
+    }
+    md += "\n## Notes\n\n* Memory is what the decorator's accounting holds per rank: model state (parameter shards, gradients, Adam moments), activations and temporaries, and rotation buffers or gathered FSDP units (in flight).\n* Burn's own DDP (burn-train's `DistributedDataParallel`) is not in this table: it needs Burn's `distributed` feature and a `DistributedBackend`, which NdArray does not implement (and turning the feature on breaks plain `Autodiff<NdArray>` in the same build). Our `ddp` is the same algorithm on the same transport and backend.\n* The in-process transport hands tensors between rank threads without copying, so transfer time here is waiting for the neighbour; overlap is the share of that waiting that ran concurrently with this rank's compute.\n\nPlots: `memory.svg`, `efficiency.svg`, `step_time.svg`, `capacity.svg`.\n";
+    md
+}
+
+mod plots {
+    use super::{CapacityRow, MemoryRow, TimeRow};
+    use plotters::prelude::*;
+    use std::path::Path;
+
+    type Res = Result<(), Box<dyn std::error::Error>>;
+
+    const COLORS: [RGBColor; 6] = [
+        RGBColor(90, 90, 90),
+        RGBColor(31, 119, 180),
+        RGBColor(255, 127, 14),
+        RGBColor(44, 160, 44),
+        RGBColor(214, 39, 40),
+        RGBColor(148, 103, 189),
+    ];
+
+    fn lines(
+        path: &Path,
+        title: &str,
+        y_label: &str,
+        ranks: &[usize],
+        series: &[(String, Vec<(usize, f64)>)],
+    ) -> Res {
+        let root = SVGBackend::new(path, (720, 440)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let x_max = *ranks.iter().max().unwrap_or(&1) as f64 + 0.5;
+        let y_max = series
+            .iter()
+            .flat_map(|(_, p)| p.iter().map(|(_, y)| *y))
+            .filter(|y| y.is_finite())
+            .fold(0.0, f64::max)
+            * 1.15
+            + 1e-9;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(title, ("sans-serif", 20))
+            .margin(12)
+            .x_label_area_size(36)
+            .y_label_area_size(70)
+            .build_cartesian_2d(0.5..x_max, 0.0..y_max)?;
+        chart
+            .configure_mesh()
+            .x_desc("ranks (N)")
+            .y_desc(y_label)
+            .draw()?;
+        for (i, (name, points)) in series.iter().enumerate() {
+            let color = COLORS[i % COLORS.len()];
+            let pts: Vec<(f64, f64)> = points
+                .iter()
+                .filter(|p| p.1.is_finite())
+                .map(|(x, y)| (*x as f64, *y))
+                .collect();
+            chart
+                .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))?
+                .label(name.clone())
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
+                });
+            chart.draw_series(pts.iter().map(|p| Circle::new(*p, 3, color.filled())))?;
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .draw()?;
+        root.present()?;
+        Ok(())
+    }
+
+    fn strategies(rows: impl Iterator<Item = &'static str>) -> Vec<&'static str> {
+        let mut out: Vec<&'static str> = Vec::new();
+        for s in rows {
+            if !out.contains(&s) {
+                out.push(s);
+            }
+        }
+        out
+    }
+
+    pub fn memory(path: &Path, rows: &[MemoryRow], ranks: &[usize]) -> Res {
+        let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
+        let mut series: Vec<(String, Vec<(usize, f64)>)> =
+            strategies(rows.iter().map(|r| r.strategy))
+                .into_iter()
+                .map(|s| {
+                    let pts = rows
+                        .iter()
+                        .filter(|r| r.strategy == s)
+                        .map(|r| (r.ranks, mib(r.total)))
+                        .collect();
+                    (format!("{s} peak"), pts)
+                })
+                .collect();
+        let ideal = ranks
+            .iter()
+            .filter_map(|&n| {
+                rows.iter()
+                    .find(|r| r.ranks == n)
+                    .map(|r| (n, mib(r.ideal_model_state)))
+            })
+            .collect();
+        series.push(("ideal model state (single / N)".into(), ideal));
+        lines(path, "Peak memory per rank", "MiB", ranks, &series)
+    }
+
+    pub fn efficiency(path: &Path, ranks: &[usize], eff: &dyn Fn(usize) -> f64) -> Res {
+        let pts = ranks.iter().map(|&n| (n, eff(n))).collect();
+        lines(
+            path,
+            "RTP memory-scaling efficiency (ideal / measured model state)",
+            "efficiency",
+            ranks,
+            &[("rtp".into(), pts)],
+        )
+    }
+
+    pub fn step_time(path: &Path, rows: &[TimeRow], ranks: &[usize]) -> Res {
+        let series: Vec<(String, Vec<(usize, f64)>)> = strategies(rows.iter().map(|r| r.strategy))
+            .into_iter()
+            .map(|s| {
+                let pts = rows
+                    .iter()
+                    .filter(|r| r.strategy == s)
+                    .map(|r| (r.ranks, r.over_ddp))
+                    .collect();
+                (s.to_string(), pts)
+            })
+            .collect();
+        lines(path, "Step time / DDP step time", "ratio", ranks, &series)
+    }
+
+    pub fn capacity(path: &Path, rows: &[CapacityRow]) -> Res {
+        let root = SVGBackend::new(path, (720, 440)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let y_max = rows
+            .iter()
+            .map(|r| r.params as f64 / 1e6)
+            .fold(0.0, f64::max)
+            * 1.2
+            + 1e-9;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(
+                "Largest trainable model under the per-rank cap (N=4)",
+                ("sans-serif", 20),
+            )
+            .margin(12)
+            .x_label_area_size(36)
+            .y_label_area_size(70)
+            .build_cartesian_2d(-0.5..rows.len().max(1) as f64 - 0.5, 0.0..y_max)?;
+        let names: Vec<&str> = rows.iter().map(|r| r.strategy).collect();
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .x_labels(rows.len().max(1))
+            .x_label_formatter(&|x| {
+                let i = x.round();
+                if (x - i).abs() < 1e-6 && i >= 0.0 {
+                    names.get(i as usize).copied().unwrap_or("").to_string()
+                } else {
+                    String::new()
+                }
+            })
+            .y_desc("million parameters")
+            .draw()?;
+        chart.draw_series(rows.iter().enumerate().map(|(i, r)| {
+            Rectangle::new(
+                [
+                    (i as f64 - 0.35, 0.0),
+                    (i as f64 + 0.35, r.params as f64 / 1e6),
+                ],
+                COLORS[(i + 1) % COLORS.len()].filled(),
+            )
+        }))?;
+        root.present()?;
+        Ok(())
+    }
+}
+
+/// Checks that a report JSON has every headline key with a finite value.
+pub fn check_keys(report: &Value) -> Result<(), String> {
+    for key in [
+        "rtp_over_ddp_peak_n4",
+        "rtp_over_fsdp_peak_n4",
+        "memory_scaling_efficiency_n8",
+        "rtp_over_ddp_step_time_n4",
+        "capacity_rtp_over_ddp_n4",
+        "overlap_fraction_n4",
+    ] {
+        match report.get(key).and_then(Value::as_f64) {
+            Some(v) if v.is_finite() => {}
+            other => return Err(format!("{key} is {other:?}")),
+        }
+    }
+    Ok(())
+}
+
+/// Where `scaling-report` writes by default.
+pub fn default_out() -> PathBuf {
+    Path::new("runs").join("scaling")
+}
