@@ -40,6 +40,42 @@ pub(crate) fn from_payload<B: Backend>(
     }
 }
 
+/// Waits until this rank's queued device work is done.
+///
+/// Handing a tensor to another rank's thread is only safe once the work that wrote it is
+/// complete, and dropping a received tensor only once the work that read it is: an
+/// asynchronous backend (wgpu, CUDA) runs each thread's work on its own stream, and the owner
+/// may otherwise overwrite a shard in place while a peer's read is still queued. A no-op on
+/// synchronous backends such as NdArray.
+pub(crate) fn fence<B: Backend>(ctx: &RankCtx<B>) {
+    if let Err(e) = B::sync(&ctx.inner) {
+        crate::error::raise(crate::RtpError::Transport {
+            rank: ctx.rank,
+            op: "sync".into(),
+            reason: e.to_string(),
+        });
+    }
+}
+
+/// Takes ownership of received tensors: on backends that run ranks on separate streams, each
+/// one is copied into a buffer of this rank's stream and the received handle is released only
+/// after the copy ran, so no buffer is ever written by one rank while another still uses it.
+pub(crate) fn adopt<B: Backend>(
+    ctx: &RankCtx<B>,
+    received: Vec<B::FloatTensorPrimitive>,
+) -> Vec<B::FloatTensorPrimitive> {
+    if !ctx.copies_on_receive() {
+        return received;
+    }
+    let own = received
+        .iter()
+        .map(|t| B::float_mul_scalar(t.clone(), burn::tensor::Scalar::Float(1.0)))
+        .collect();
+    fence(ctx);
+    drop(received);
+    own
+}
+
 /// Sends an inner tensor and waits until the buffer may be reused.
 pub(crate) fn send<B: Backend>(
     ctx: &RankCtx<B>,
@@ -47,6 +83,7 @@ pub(crate) fn send<B: Backend>(
     header: Header,
     t: B::FloatTensorPrimitive,
 ) {
+    fence(ctx);
     let payload = to_payload(ctx, t);
     let handle = ctx.check(ctx.transport.isend(to, header, payload));
     ctx.check(handle.wait());
@@ -60,7 +97,7 @@ pub(crate) fn recv<B: Backend>(
 ) -> B::FloatTensorPrimitive {
     let handle = ctx.check(ctx.transport.irecv(from, expect));
     let payload = ctx.check(handle.wait());
-    from_payload(ctx, payload)
+    adopt(ctx, vec![from_payload(ctx, payload)]).remove(0)
 }
 
 /// The full tensor of a sharded one, identical on every rank.
@@ -104,7 +141,9 @@ pub(crate) fn all_gather<B: Backend>(
         }
     }
     let last = spec.full.num_dims() - 1;
-    burn_rtp_kernels::assemble_columns::<B>(parts, last)
+    let full = burn_rtp_kernels::assemble_columns::<B>(parts, last);
+    fence(ctx);
+    full
 }
 
 fn check_shape<B: Backend>(
@@ -245,5 +284,7 @@ pub(crate) fn all_reduce_ring<B: Backend>(
         .into_iter()
         .map(|p| p.expect("every chunk visited"))
         .collect();
-    B::float_reshape(burn_rtp_kernels::assemble_columns::<B>(parts, 0), shape)
+    let full = burn_rtp_kernels::assemble_columns::<B>(parts, 0);
+    fence(ctx);
+    B::float_reshape(full, shape)
 }

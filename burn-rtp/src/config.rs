@@ -88,6 +88,10 @@ pub struct RtpConfig {
     pub gather_fallback: bool,
     /// Per-rank memory cap enforced by the accounting (`None`: unlimited).
     pub memory_cap: Option<u64>,
+    /// Whether a rank copies each received shard into its own buffer before using it.
+    /// `None` decides by backend: asynchronous backends (wgpu, CUDA) copy, because their
+    /// ranks run on separate streams; NdArray hands tensors over without a copy.
+    pub copy_on_receive: Option<bool>,
 }
 
 impl RtpConfig {
@@ -101,6 +105,7 @@ impl RtpConfig {
             peer_timeout: Duration::from_secs(120),
             gather_fallback: true,
             memory_cap: None,
+            copy_on_receive: None,
         }
     }
 
@@ -131,6 +136,12 @@ impl RtpConfig {
     /// Caps the bytes each rank may hold; going over fails like a device allocation would.
     pub fn with_memory_cap(mut self, bytes: u64) -> Self {
         self.memory_cap = Some(bytes);
+        self
+    }
+
+    /// Forces copying received shards on (`true`) or off (`false`) instead of deciding by backend.
+    pub fn with_copy_on_receive(mut self, copy: bool) -> Self {
+        self.copy_on_receive = Some(copy);
         self
     }
 

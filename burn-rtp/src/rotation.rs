@@ -16,7 +16,7 @@
 
 use crate::accounting::{Category, Charge};
 use crate::collectives::from_payload;
-use crate::collectives::send;
+use crate::collectives::{adopt, fence, send};
 use crate::config::RotationMode;
 use crate::timeline::IntervalKind;
 use crate::transport::{Header, RecvHandle};
@@ -79,12 +79,13 @@ fn post<B: Backend>(ctx: &RankCtx<B>, from: usize, expect: Vec<Header>, elem: us
 }
 
 fn complete<B: Backend>(ctx: &RankCtx<B>, posted: Posted<B>) -> Buffer<B> {
-    let tensors = posted
+    let received = posted
         .handles
         .into_iter()
         .map(|h| from_payload(ctx, ctx.check(h.wait())))
         .collect();
     ctx.timeline.finish(IntervalKind::Transfer, posted.posted);
+    let tensors = adopt(ctx, received);
     Buffer {
         tensors,
         _charge: Some(posted.charge),
@@ -157,6 +158,8 @@ pub(crate) fn rotate<B: Backend>(
                 });
                 timed(ctx, || compute(j, &cur.tensors));
                 if let Some(posted) = posted {
+                    // The shard on hand is released below: its reads must be done first.
+                    fence(ctx);
                     cur = complete(ctx, posted);
                 }
             }
@@ -186,6 +189,7 @@ pub(crate) fn rotate<B: Backend>(
             last,
         );
     }
+    fence(ctx);
 }
 
 fn verify_shapes<B: Backend>(
@@ -243,11 +247,13 @@ pub(crate) fn reduce_scatter<B: Backend>(
                 .unwrap_or_else(|| post(ctx, prev, headers(seq, op, j, shapes_of(j)), elem));
             let arrived = complete(ctx, p);
             verify_shapes(ctx, op, seq, prev, &arrived.tensors, &shapes_of(j), false);
+            // The arrived buffer is this rank's own: accumulate into it, never into `mine`,
+            // which may be a view of a larger tensor.
             arrived
                 .tensors
                 .into_iter()
                 .zip(mine)
-                .map(|(a, b)| B::float_add(a, b))
+                .map(|(a, m)| B::float_add(a, m))
                 .collect()
         };
         if t + 1 == n {

@@ -68,6 +68,14 @@ impl<B: Backend> RankCtx<B> {
         })
     }
 
+    /// Whether received shards are copied into this rank's own buffers (see
+    /// [`RtpConfig::copy_on_receive`](crate::RtpConfig)).
+    pub(crate) fn copies_on_receive(&self) -> bool {
+        self.config
+            .copy_on_receive
+            .unwrap_or_else(|| !B::name(&self.inner).starts_with("ndarray"))
+    }
+
     /// Whether parameters are being created right now (inside `memory_persistent_allocations`).
     pub(crate) fn persistent(&self) -> bool {
         self.persistent.load(Ordering::Acquire) > 0
