@@ -105,6 +105,7 @@ enum Cmd {
 }
 
 enum Reply {
+    Ready(usize),
     Stepped(f64),
     Peak(usize, MemoryStats),
     Timeline(usize, Vec<Interval>),
@@ -133,13 +134,7 @@ fn rank_loop(
     let mut model: Gpt<B> = case.model.init::<B>(&device);
     let mut optim = RtpOptimizer::new(AdamConfig::new().init::<B, Gpt<B>>());
     let mut step = 0;
-    let _ = replies.send(Reply::Peak(
-        rank,
-        MemoryStats {
-            sharded: model.num_params() as u64,
-            ..Default::default()
-        },
-    ));
+    let _ = replies.send(Reply::Ready(model.num_params()));
     while let Ok(cmd) = commands.recv() {
         match cmd {
             Cmd::Steps(k) => {
@@ -214,10 +209,10 @@ impl Driver {
             world: Some(world),
             params: 0,
         };
-        // The first reply of each rank carries the parameter count.
+        // Each rank reports once its model is built.
         for _ in 0..ranks {
             match driver.replies.recv() {
-                Ok(Reply::Peak(_, m)) => driver.params = m.sharded as usize,
+                Ok(Reply::Ready(params)) => driver.params = params,
                 _ => return Err(driver.failure()),
             }
         }

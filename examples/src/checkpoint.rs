@@ -133,9 +133,9 @@ fn step_dir(root: &Path, step: usize) -> PathBuf {
 /// Settings of the run a checkpoint belongs to.
 pub struct RunInfo<'a> {
     /// Strategy name.
-    pub strategy: &'a str,
+    pub strategy: String,
     /// Rotation mode name.
-    pub rotation: &'a str,
+    pub rotation: String,
     /// Model shape.
     pub model: &'a GptConfig,
     /// Global batch.
@@ -205,8 +205,8 @@ where
         let mut manifest = Manifest {
             format: FORMAT,
             world_size: device.world_size(),
-            strategy: info.strategy.to_string(),
-            rotation: info.rotation.to_string(),
+            strategy: info.strategy.clone(),
+            rotation: info.rotation.clone(),
             step,
             model: info.model.clone(),
             batch: info.batch,

@@ -140,16 +140,8 @@ impl TrainConfig {
 
     fn info(&self) -> RunInfo<'_> {
         RunInfo {
-            strategy: match self.strategy {
-                StrategyName::Single => "single",
-                StrategyName::Ddp => "ddp",
-                StrategyName::Fsdp => "fsdp",
-                StrategyName::Rtp => "rtp",
-            },
-            rotation: match self.rotation {
-                RotationMode::OutOfPlace => "out-of-place",
-                RotationMode::InPlace => "in-place",
-            },
+            strategy: self.strategy.to_string(),
+            rotation: self.rotation.to_string(),
             model: &self.model,
             batch: self.batch,
             lr: self.lr,
