@@ -2,7 +2,7 @@
 //! tensor, and all-reduce small host vectors. Every rank sums in rank order, so all ranks get
 //! bit-identical results, which keeps replicated values replicated.
 
-use crate::rotation::{reduce_scatter, rotate};
+use crate::rotation::{reduce_scatter, rotate_columns};
 use crate::sharding::ShardSpec;
 use crate::tensor::{Layout, RtpTensor};
 use crate::transport::{BufferKind, Header, Payload};
@@ -272,19 +272,14 @@ pub(crate) fn all_reduce_ring<B: Backend>(
         )]
     })
     .remove(0);
-    let mut parts: Vec<Option<B::FloatTensorPrimitive>> = vec![None; n];
-    rotate(
+    let full = rotate_columns(
         ctx,
         "all_reduce.all_gather",
         vec![own],
         chunk,
-        |j, chunk| parts[j] = Some(chunk[0].clone()),
+        |_, chunk| chunk[0].clone(),
+        |_| 0,
     );
-    let parts = parts
-        .into_iter()
-        .map(|p| p.expect("every chunk visited"))
-        .collect();
-    let full = burn_rtp_kernels::assemble_columns::<B>(parts, 0);
     fence(ctx);
     B::float_reshape(full, shape)
 }

@@ -217,6 +217,33 @@ fn verify_shapes<B: Backend>(
     }
 }
 
+/// Rotates `own` and builds a tensor from one column block per shard: `block(j, shard)` is
+/// the block of shard `j`, and the blocks are concatenated in shard order along `dim`.
+/// Blocks are charged as local memory while they wait to be assembled.
+pub(crate) fn rotate_columns<B: Backend>(
+    ctx: &RankCtx<B>,
+    op: &'static str,
+    own: Vec<Float<B>>,
+    shapes_of: impl Fn(usize) -> Vec<Vec<usize>>,
+    mut block: impl FnMut(usize, &[Float<B>]) -> Float<B>,
+    dim: impl FnOnce(&Float<B>) -> usize,
+) -> Float<B> {
+    let n = ctx.world_size;
+    let mut parts: Vec<Option<Float<B>>> = vec![None; n];
+    let mut held: Vec<Arc<Charge>> = Vec::with_capacity(n);
+    rotate(ctx, op, own, shapes_of, |j, shard| {
+        let part = block(j, shard);
+        held.push(transient::<B>(ctx, std::slice::from_ref(&part)));
+        parts[j] = Some(part);
+    });
+    let parts: Vec<Float<B>> = parts
+        .into_iter()
+        .map(|p| p.unwrap_or_else(|| unreachable!("rank {}: `{op}` missed a shard", ctx.rank)))
+        .collect();
+    let dim = dim(&parts[0]);
+    burn_rtp_kernels::assemble_columns::<B>(parts, dim)
+}
+
 /// Sums every rank's contribution to each shard and leaves shard `r` on rank `r`.
 ///
 /// `contribution(j)` is this rank's part of shard `j` (a bundle); the result is this rank's

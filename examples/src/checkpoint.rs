@@ -362,30 +362,31 @@ impl Manifest {
     {
         let rank = device.rank();
         let map = &self.shard_maps[rank];
-        let recorder = BinBytesRecorder::<FullPrecisionSettings>::default();
-        let read = |name: String| {
-            let path = dir.join(name);
-            std::fs::read(&path)
-                .map(|b| (b, path.clone()))
-                .map_err(io(&path))
-        };
-        let (bytes, path) = read(model_file(rank))?;
-        let record = device
-            .load_shards(map, || recorder.load(bytes, device))
-            .map_err(|e| CheckpointError::Corrupt {
-                path,
-                reason: e.to_string(),
-            })?;
-        let model = model.load_record(record);
-        let (bytes, path) = read(optim_file(rank))?;
-        let record = device
-            .load_shards(map, || recorder.load(bytes, device))
-            .map_err(|e| CheckpointError::Corrupt {
-                path,
-                reason: e.to_string(),
-            })?;
-        Ok((model, optim.load_record(record)))
+        let model = model.load_record(load_shard_file(device, dir.join(model_file(rank)), map)?);
+        let optim = optim.load_record(load_shard_file(device, dir.join(optim_file(rank)), map)?);
+        Ok((model, optim))
     }
+}
+
+/// Reads one record of this rank's shards.
+fn load_shard_file<B, I, R>(
+    device: &RtpDevice<I>,
+    path: PathBuf,
+    map: &ShardMap,
+) -> Result<R, CheckpointError>
+where
+    I: Backend,
+    B: Backend<Device = RtpDevice<I>>,
+    R: burn::record::Record<B>,
+{
+    let bytes = std::fs::read(&path).map_err(io(&path))?;
+    let recorder = BinBytesRecorder::<FullPrecisionSettings>::default();
+    device
+        .load_shards(map, || recorder.load(bytes, device))
+        .map_err(|e| CheckpointError::Corrupt {
+            path,
+            reason: e.to_string(),
+        })
 }
 
 /// Gathers the checkpoint at `checkpoint` into one ordinary Burn record of the whole model at

@@ -6,7 +6,7 @@ use crate::accounting::{Category, Charge};
 use crate::backend::Rtp;
 use crate::collectives::all_gather;
 use crate::config::Strategy;
-use crate::rotation::{reduce_scatter, rotate, transient};
+use crate::rotation::{reduce_scatter, rotate, rotate_columns, transient};
 use crate::sharding::ShardSpec;
 use crate::tensor::{Layout, RtpTensor};
 use crate::world::RankCtx;
@@ -101,26 +101,15 @@ impl<B: Backend> ModuleOps<Self> for Rtp<B> {
             return local(&ctx, B::embedding(w, indices));
         }
         let rows = spec.full[0];
-        let mut parts: Vec<Option<Float<B>>> = vec![None; ctx.world_size];
-        // Column blocks are held until they are assembled into the output.
-        let mut held: Vec<Arc<Charge>> = Vec::with_capacity(ctx.world_size);
-        rotate(
+        let y = rotate_columns(
             &ctx,
             "embedding.forward",
             vec![weights.inner.clone()],
             |j| vec![vec![rows, spec.range(j).len]],
-            |j, shard| {
-                let part = kernels::embedding_columns::<B>(shard[0].clone(), indices.clone());
-                held.push(transient::<B>(&ctx, std::slice::from_ref(&part)));
-                parts[j] = Some(part);
-            },
+            |_, shard| kernels::embedding_columns::<B>(shard[0].clone(), indices.clone()),
+            |part| part.shape().num_dims() - 1,
         );
-        let parts: Vec<Float<B>> = parts
-            .into_iter()
-            .map(|p| p.expect("every shard visited"))
-            .collect();
-        let dim = parts[0].shape().num_dims() - 1;
-        local(&ctx, kernels::assemble_columns::<B>(parts, dim))
+        local(&ctx, y)
     }
 
     fn embedding_backward(
@@ -191,10 +180,7 @@ impl<B: Backend> ModuleOps<Self> for Rtp<B> {
             None => (vec![weight.inner.clone()], None),
         };
         let with_bias = bundle.len() == 2;
-        let mut parts: Vec<Option<Float<B>>> = vec![None; ctx.world_size];
-        // Column blocks are held until they are assembled into the output.
-        let mut held: Vec<Arc<Charge>> = Vec::with_capacity(ctx.world_size);
-        rotate(
+        let mut y = rotate_columns(
             &ctx,
             "linear.forward",
             bundle,
@@ -206,18 +192,11 @@ impl<B: Backend> ModuleOps<Self> for Rtp<B> {
                 }
                 shapes
             },
-            |j, shard| {
-                let b = shard.get(1).cloned();
-                let part = kernels::linear_columns::<B>(x.clone(), shard[0].clone(), b);
-                held.push(transient::<B>(&ctx, std::slice::from_ref(&part)));
-                parts[j] = Some(part);
+            |_, shard| {
+                kernels::linear_columns::<B>(x.clone(), shard[0].clone(), shard.get(1).cloned())
             },
+            |_| ndims - 1,
         );
-        let parts: Vec<Float<B>> = parts
-            .into_iter()
-            .map(|p| p.expect("every shard visited"))
-            .collect();
-        let mut y = kernels::assemble_columns::<B>(parts, ndims - 1);
         if let Some(b) = late_bias {
             y = B::float_add(y, broadcastable::<B>(b, ndims));
         }
