@@ -1,5 +1,6 @@
 //! Measuring strategies side by side: a [`Driver`] keeps a world of ranks alive and runs
 //! training steps on demand, so benchmarks time steps, not world start-up.
+#![warn(missing_docs)]
 
 pub mod report;
 

@@ -1,6 +1,7 @@
 //! The GPT trainer of burn-rtp: a decoder-only GPT written once with `burn::nn`, trained under
 //! `single`, `ddp`, `fsdp` or `rtp` on the same transport and inner backend, with per-rank
 //! checkpoints and a JSON report.
+#![warn(missing_docs)]
 
 pub mod checkpoint;
 pub mod data;
