@@ -273,16 +273,11 @@ impl Driver {
 
     /// Every rank's peak memory since the last reset, in rank order.
     pub fn peaks(&mut self) -> Result<Vec<MemoryStats>, RtpError> {
-        let mut peaks: Vec<(usize, MemoryStats)> = self
-            .broadcast(|| Cmd::Peak)?
-            .into_iter()
-            .filter_map(|r| match r {
-                Reply::Peak(rank, m) => Some((rank, m)),
-                _ => None,
-            })
-            .collect();
-        peaks.sort_by_key(|(r, _)| *r);
-        Ok(peaks.into_iter().map(|(_, m)| m).collect())
+        let replies = self.broadcast(|| Cmd::Peak)?;
+        Ok(in_rank_order(replies, |r| match r {
+            Reply::Peak(rank, m) => Some((rank, m)),
+            _ => None,
+        }))
     }
 
     /// Records the rotation timeline during `k` steps and returns each rank's intervals.
@@ -290,16 +285,18 @@ impl Driver {
         self.broadcast(|| Cmd::Timeline(true))?;
         self.steps(k)?;
         let replies = self.broadcast(|| Cmd::Timeline(false))?;
-        let mut out: Vec<(usize, Vec<Interval>)> = replies
-            .into_iter()
-            .filter_map(|r| match r {
-                Reply::Timeline(rank, v) => Some((rank, v)),
-                _ => None,
-            })
-            .collect();
-        out.sort_by_key(|(r, _)| *r);
-        Ok(out.into_iter().map(|(_, v)| v).collect())
+        Ok(in_rank_order(replies, |r| match r {
+            Reply::Timeline(rank, v) => Some((rank, v)),
+            _ => None,
+        }))
     }
+}
+
+/// The per-rank values `pick` finds among `replies`, in rank order.
+fn in_rank_order<T>(replies: Vec<Reply>, pick: impl Fn(Reply) -> Option<(usize, T)>) -> Vec<T> {
+    let mut found: Vec<(usize, T)> = replies.into_iter().filter_map(pick).collect();
+    found.sort_by_key(|(rank, _)| *rank);
+    found.into_iter().map(|(_, v)| v).collect()
 }
 
 impl Drop for Driver {

@@ -1,6 +1,7 @@
 //! A per-rank timeline of rotation compute and transfer intervals, to measure how much of the
 //! transfer time hides behind compute.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -27,12 +28,15 @@ pub struct Interval {
 /// Records intervals while enabled.
 #[derive(Debug, Default)]
 pub(crate) struct Timeline {
+    /// Checked first, so that the rotation's hot path takes no lock while recording is off.
+    on: AtomicBool,
     state: Mutex<Option<(Instant, Vec<Interval>)>>,
 }
 
 impl Timeline {
     pub(crate) fn enable(&self, on: bool) {
         *self.state.lock().unwrap() = on.then(|| (Instant::now(), Vec::new()));
+        self.on.store(on, Ordering::Release);
     }
 
     pub(crate) fn take(&self) -> Vec<Interval> {
@@ -44,7 +48,7 @@ impl Timeline {
 
     /// Starts an interval; `None` when recording is off, so the hot path costs one lock.
     pub(crate) fn start(&self) -> Option<Instant> {
-        self.state.lock().unwrap().as_ref().map(|_| Instant::now())
+        self.on.load(Ordering::Acquire).then(Instant::now)
     }
 
     pub(crate) fn finish(&self, kind: IntervalKind, started: Option<Instant>) {

@@ -30,6 +30,7 @@ pub struct RankCtx<B: Backend> {
     fallbacks: Mutex<BTreeMap<String, u64>>,
     pub(crate) shard_io: Mutex<crate::shard_io::ShardIo>,
     pub(crate) timeline: crate::timeline::Timeline,
+    copy_on_receive: bool,
     pub(crate) index_id: u16,
 }
 
@@ -69,11 +70,9 @@ impl<B: Backend> RankCtx<B> {
     }
 
     /// Whether received shards are copied into this rank's own buffers (see
-    /// [`RtpConfig::copy_on_receive`](crate::RtpConfig)).
+    /// [`RtpConfig::copy_on_receive`](crate::RtpConfig)); decided once, at registration.
     pub(crate) fn copies_on_receive(&self) -> bool {
-        self.config
-            .copy_on_receive
-            .unwrap_or_else(|| !B::name(&self.inner).starts_with("ndarray"))
+        self.copy_on_receive
     }
 
     /// Whether parameters are being created right now (inside `memory_persistent_allocations`).
@@ -192,6 +191,9 @@ pub fn register_device<B: Backend>(
     let mut reg = registry().lock().unwrap();
     let index_id = u16::try_from(reg.len()).unwrap_or(u16::MAX);
     let ledger = Ledger::for_rank(rank, config.memory_cap);
+    let copy_on_receive = config
+        .copy_on_receive
+        .unwrap_or_else(|| !B::name(&inner).starts_with("ndarray"));
     let ctx = Arc::new(RankCtx {
         rank,
         world_size: config.world_size,
@@ -201,6 +203,7 @@ pub fn register_device<B: Backend>(
         config,
         ledger,
         timeline: crate::timeline::Timeline::default(),
+        copy_on_receive,
         seq: AtomicU64::new(0),
         persistent: AtomicUsize::new(0),
         param_stream: AtomicU64::new(0),
