@@ -116,7 +116,7 @@ pub(crate) fn all_gather<B: Backend>(
     }
     let header = |part: usize| Header {
         seq,
-        op,
+        op: op.into(),
         part,
         shape: spec.shard_shape(part).to_vec(),
     };
@@ -182,7 +182,7 @@ pub(crate) fn all_reduce_sum_host<B: Backend>(
     let len = values.len();
     let header = |part: usize| Header {
         seq,
-        op,
+        op: op.into(),
         part,
         shape: vec![len],
     };

@@ -92,6 +92,42 @@ pub struct RtpConfig {
     /// `None` decides by backend: asynchronous backends (wgpu, CUDA) copy, because their
     /// ranks run on separate streams; NdArray hands tensors over without a copy.
     pub copy_on_receive: Option<bool>,
+    /// Seeded random delays and yields injected into the in-process transport, for stress
+    /// tests that look for races (`None`: off, the default).
+    pub chaos: Option<Chaos>,
+    /// How the in-process transport delivers: buffered (default) or rendezvous.
+    pub delivery: Delivery,
+}
+
+/// How the in-process transport completes a send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Delivery {
+    /// A send completes at once; messages queue without limit (fast, the default).
+    #[default]
+    Buffered,
+    /// A send completes only once the receiver has taken the message, like MPI's rendezvous
+    /// protocol or NCCL: a call site that relied on buffering deadlocks (and times out) here.
+    Rendezvous,
+}
+
+/// Seeded perturbation of the in-process transport: before and after every send, receive
+/// and hand-over, a rank may yield or sleep. The same seed draws the same perturbations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Chaos {
+    /// Seed of the per-rank generators (rank `r` uses a stream derived from `seed` and `r`).
+    pub seed: u64,
+    /// Longest injected sleep.
+    pub max_delay: Duration,
+}
+
+impl Chaos {
+    /// Perturbations drawn from `seed`, with sleeps of up to 200 µs.
+    pub fn new(seed: u64) -> Self {
+        Self {
+            seed,
+            max_delay: Duration::from_micros(200),
+        }
+    }
 }
 
 impl RtpConfig {
@@ -106,7 +142,21 @@ impl RtpConfig {
             gather_fallback: true,
             memory_cap: None,
             copy_on_receive: None,
+            chaos: None,
+            delivery: Delivery::Buffered,
         }
+    }
+
+    /// Injects seeded delays and yields into the in-process transport (stress tests).
+    pub fn with_chaos(mut self, chaos: Chaos) -> Self {
+        self.chaos = Some(chaos);
+        self
+    }
+
+    /// Sets how the in-process transport delivers messages.
+    pub fn with_delivery(mut self, delivery: Delivery) -> Self {
+        self.delivery = delivery;
+        self
     }
 
     /// Sets the placement strategy.

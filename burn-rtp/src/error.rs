@@ -124,6 +124,12 @@ pub enum RtpError {
         /// The cap.
         cap: u64,
     },
+    /// Every device id is held by a live rank; ranks of ended worlds free theirs.
+    #[error("cannot register another RTP rank: all {live} device ids are held by live ranks")]
+    TooManyDevices {
+        /// Ranks alive in this process.
+        live: usize,
+    },
     /// The transport failed.
     #[error("rank {rank}: transport failure in `{op}`: {reason}")]
     Transport {

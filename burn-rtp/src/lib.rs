@@ -21,7 +21,7 @@ mod world;
 
 pub use accounting::{human_bytes, Category, Ledger, MemoryStats};
 pub use backend::Rtp;
-pub use config::{RotationMode, RtpConfig, Strategy};
+pub use config::{Chaos, Delivery, RotationMode, RtpConfig, Strategy};
 pub use consolidate::{consolidate, gather_module};
 pub use device::RtpDevice;
 pub use error::{RtpError, RtpResult};

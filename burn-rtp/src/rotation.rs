@@ -54,7 +54,7 @@ fn headers(seq: u64, op: &'static str, j: usize, shapes: Vec<Vec<usize>>) -> Vec
         .enumerate()
         .map(|(i, shape)| Header {
             seq,
-            op,
+            op: op.into(),
             part: j * k + i,
             shape,
         })

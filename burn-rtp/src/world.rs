@@ -4,7 +4,7 @@ use crate::accounting::Ledger;
 use crate::config::RtpConfig;
 use crate::device::RtpDevice;
 use crate::error::{raise, RtpError, RtpResult};
-use crate::transport::{InProcessHub, Transport};
+use crate::transport::{HubOptions, InProcessHub, Transport};
 use burn::tensor::backend::Backend;
 use std::any::Any;
 use std::cell::RefCell;
@@ -142,11 +142,53 @@ impl Drop for PersistentGuard<'_> {
     }
 }
 
-type Registry = Mutex<Vec<Box<dyn Any + Send + Sync>>>;
+/// The live ranks of this process, by the device id Burn knows them by.
+///
+/// Burn's `DeviceId` has 16 bits for the index, so ids are slots that a rank frees when its
+/// last handle drops: ranks alive at the same time never share an id, and a process may
+/// create any number of worlds one after another.
+#[derive(Default)]
+struct Registry {
+    slots: Vec<Option<Box<dyn Any + Send + Sync>>>,
+    free: Vec<u16>,
+}
 
-fn registry() -> &'static Registry {
-    static REGISTRY: OnceLock<Registry> = OnceLock::new();
-    REGISTRY.get_or_init(|| Mutex::new(Vec::new()))
+/// Device ids available: the whole `u16` range.
+const MAX_LIVE_RANKS: usize = u16::MAX as usize + 1;
+
+impl Registry {
+    fn insert(&mut self, entry: Box<dyn Any + Send + Sync>) -> RtpResult<u16> {
+        if let Some(id) = self.free.pop() {
+            self.slots[id as usize] = Some(entry);
+            return Ok(id);
+        }
+        if self.slots.len() == MAX_LIVE_RANKS {
+            return Err(RtpError::TooManyDevices {
+                live: MAX_LIVE_RANKS,
+            });
+        }
+        self.slots.push(Some(entry));
+        Ok((self.slots.len() - 1) as u16)
+    }
+
+    fn remove(&mut self, id: u16) {
+        if let Some(slot) = self.slots.get_mut(id as usize) {
+            if slot.take().is_some() {
+                self.free.push(id);
+            }
+        }
+    }
+}
+
+fn registry() -> &'static Mutex<Registry> {
+    static REGISTRY: OnceLock<Mutex<Registry>> = OnceLock::new();
+    REGISTRY.get_or_init(Default::default)
+}
+
+impl<B: Backend> Drop for RankCtx<B> {
+    fn drop(&mut self) {
+        registry().lock().unwrap().remove(self.index_id);
+    }
 }
 
 /// The devices of an in-process world and the hub that connects them.
@@ -163,7 +205,14 @@ pub(crate) fn in_process_world<B: Backend>(
     if config.world_size == 0 {
         return Err(RtpError::EmptyWorld);
     }
-    let hub = InProcessHub::new(config.world_size, config.peer_timeout);
+    let hub = InProcessHub::with_options(
+        config.world_size,
+        config.peer_timeout,
+        HubOptions {
+            delivery: config.delivery,
+            chaos: config.chaos,
+        },
+    );
     let world_id = NEXT_WORLD_ID.fetch_add(1, Ordering::Relaxed);
     let devices = (0..config.world_size)
         .map(|rank| {
@@ -188,12 +237,12 @@ pub fn register_device<B: Backend>(
     config: RtpConfig,
 ) -> RtpResult<RtpDevice<B>> {
     crate::launch::check_rank(rank, config.world_size)?;
-    let mut reg = registry().lock().unwrap();
-    let index_id = u16::try_from(reg.len()).unwrap_or(u16::MAX);
     let ledger = Ledger::for_rank(rank, config.memory_cap);
     let copy_on_receive = config
         .copy_on_receive
         .unwrap_or_else(|| !B::name(&inner).starts_with("ndarray"));
+    // The slot is taken first (empty) so that a full registry fails before anything is built.
+    let index_id = registry().lock().unwrap().insert(Box::new(()))?;
     let ctx = Arc::new(RankCtx {
         rank,
         world_size: config.world_size,
@@ -212,9 +261,7 @@ pub fn register_device<B: Backend>(
         shard_io: Mutex::new(Default::default()),
         index_id,
     });
-    if reg.len() < u16::MAX as usize {
-        reg.push(Box::new(Arc::downgrade(&ctx)));
-    }
+    registry().lock().unwrap().slots[index_id as usize] = Some(Box::new(Arc::downgrade(&ctx)));
     Ok(RtpDevice { ctx })
 }
 
@@ -222,7 +269,9 @@ pub fn register_device<B: Backend>(
 pub(crate) fn device_from_index<B: Backend>(index: u16) -> Option<RtpDevice<B>> {
     let reg = registry().lock().unwrap();
     let weak = reg
+        .slots
         .get(index as usize)?
+        .as_ref()?
         .downcast_ref::<Weak<RankCtx<B>>>()?;
     weak.upgrade().map(|ctx| RtpDevice { ctx })
 }

@@ -10,76 +10,21 @@ use common::*;
 type Ref = Autodiff<NdArray>;
 type Dist = Autodiff<Rtp<NdArray>>;
 
-const TOL: f32 = 1e-4;
-
-fn compare(
-    which: Which,
-    ref_losses: &[f32],
-    ref_params: &[Vec<f32>],
-    runs: Vec<(Vec<f32>, Vec<Vec<f32>>)>,
-    label: &str,
-) {
-    let world = runs.len();
-    for step in 0..STEPS {
-        let mean = runs.iter().map(|(l, _)| l[step]).sum::<f32>() / world as f32;
-        assert!(
-            rel_close(mean, ref_losses[step], TOL),
-            "{label} {which:?}: step {step} loss {mean} vs single-device {}",
-            ref_losses[step]
-        );
-    }
-    for (rank, (_, params)) in runs.iter().enumerate() {
-        assert_eq!(params.len(), ref_params.len(), "{label}: parameter count");
-        for (i, (got, want)) in params.iter().zip(ref_params).enumerate() {
-            assert_eq!(got.len(), want.len(), "{label}: parameter {i} size");
-            let scale = want.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-3);
-            for (k, (g, w)) in got.iter().zip(want).enumerate() {
-                assert!(
-                    (g - w).abs() <= TOL * scale,
-                    "{label} {which:?} rank {rank}: parameter {i} element {k}: {g} vs {w}"
-                );
-            }
-        }
-    }
-}
-
 fn run_mlp(world: usize, mode: RotationMode) {
     run_mlp_with(RtpConfig::new(world).with_rotation(mode));
 }
 
 fn run_mlp_with(config: RtpConfig) {
-    let world = config.world_size;
-    let label = format!("N={world} {} {}", config.strategy, config.rotation);
-    let device = Default::default();
-    // Params initialise lazily, so fix the weights by a save/load round trip first.
-    let weights = to_bytes(Mlp::<Ref>::new(&device));
-    let reference = load_bytes(Mlp::<Ref>::new(&device), &weights, &device);
-    let (trained, ref_losses) = train(
-        reference,
-        adam().init(),
-        Which::Mlp,
-        STEPS,
-        0..GLOBAL_BATCH,
-        &device,
-        step_loss_mlp,
+    let label = format!(
+        "N={} {} {}",
+        config.world_size, config.strategy, config.rotation
     );
-    let ref_params = param_values(&trained);
-    let runs = launch(config, |device| {
-        let model = load_bytes(Mlp::<Dist>::new(&device), &weights, &device);
-        let optim = RtpOptimizer::new(adam().init());
-        let (model, losses) = train(
-            model,
-            optim,
-            Which::Mlp,
-            STEPS,
-            rows(device.rank(), world),
-            &device,
-            step_loss_mlp,
-        );
-        (losses, param_values(&model))
-    })
-    .expect("RTP run");
-    compare(Which::Mlp, &ref_losses, &ref_params, runs, &label);
+    let weights = mlp_weights(SEED);
+    let (ref_losses, ref_params) = reference_mlp(&weights);
+    let runs = rtp_mlp(config, &weights).expect("RTP run");
+    if let Err(e) = compare(Which::Mlp, &ref_losses, &ref_params, &runs, &label) {
+        panic!("{e}");
+    }
 }
 
 fn run_lm(world: usize, mode: RotationMode) {
@@ -90,8 +35,7 @@ fn run_lm_with(config: RtpConfig) {
     let world = config.world_size;
     let label = format!("N={world} {} {}", config.strategy, config.rotation);
     let device = Default::default();
-    // Params initialise lazily, so fix the weights by a save/load round trip first.
-    let weights = to_bytes(TinyLm::<Ref>::new(&device));
+    let weights = lm_weights(SEED);
     let reference = load_bytes(TinyLm::<Ref>::new(&device), &weights, &device);
     let (trained, ref_losses) = train(
         reference,
@@ -118,7 +62,9 @@ fn run_lm_with(config: RtpConfig) {
         (losses, param_values(&model))
     })
     .expect("RTP run");
-    compare(Which::Lm, &ref_losses, &ref_params, runs, &label);
+    if let Err(e) = compare(Which::Lm, &ref_losses, &ref_params, &runs, &label) {
+        panic!("{e}");
+    }
 }
 
 macro_rules! cases {

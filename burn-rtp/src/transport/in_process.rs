@@ -1,6 +1,16 @@
 //! The embedded default: ranks are threads of one process and shards are handed over.
+//!
+//! Messages are matched the way MPI matches them: per sender, in order, against posted
+//! receives. A message that arrives before its receive is posted waits in the sender's lane
+//! of the receiver's inbox; a receive posted before its message waits in the same lane.
+//!
+//! Two delivery modes ([`Delivery`]): buffered sends complete at once; rendezvous sends
+//! complete only once a posted receive has taken them, as MPI's rendezvous protocol and NCCL
+//! do, so a call site that relies on buffering times out instead of passing by luck. A
+//! seeded [`Chaos`] mode injects yields and sleeps around every send, receive and hand-over.
 
 use super::{BufferKind, Header, Payload, RecvHandle, SendHandle, Transport};
+use crate::config::{Chaos, Delivery};
 use crate::error::{RtpError, RtpResult};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,14 +20,53 @@ use std::time::{Duration, Instant};
 /// How often a receiver yields before it blocks.
 const SPIN_YIELDS: usize = 64;
 
+/// The longest a blocked rank sleeps before it looks at the abort and exit flags again.
+const POLL: Duration = Duration::from_millis(200);
+
+/// Completion of one rendezvous send.
+#[derive(Default)]
+struct SendDone {
+    taken: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl SendDone {
+    fn set(&self) {
+        *self.taken.lock().unwrap() = true;
+        self.cv.notify_all();
+    }
+}
+
 struct Envelope<T> {
     header: Header,
     payload: Payload<T>,
+    /// Set once a posted receive took the message (rendezvous sends only).
+    done: Option<Arc<SendDone>>,
+}
+
+impl<T> Envelope<T> {
+    fn taken(self) -> (Header, Payload<T>) {
+        if let Some(done) = &self.done {
+            done.set();
+        }
+        (self.header, self.payload)
+    }
+}
+
+/// A posted receive; the inbox's lock guards its contents.
+type Slot<T> = Arc<Mutex<Option<(Header, Payload<T>)>>>;
+
+/// Messages from one sender to one receiver, matched in order against posted receives.
+struct Lane<T> {
+    /// Arrived before their receive was posted.
+    unexpected: VecDeque<Envelope<T>>,
+    /// Posted before their message arrived.
+    posted: VecDeque<Slot<T>>,
 }
 
 struct Inbox<T> {
-    /// One FIFO per sender; ranks issue ops in the same order, so FIFO order is op order.
-    queues: Mutex<Vec<VecDeque<Envelope<T>>>>,
+    /// One lane per sender; ranks issue ops in the same order, so lane order is op order.
+    lanes: Mutex<Vec<Lane<T>>>,
     arrived: Condvar,
 }
 
@@ -28,6 +77,15 @@ pub(crate) struct AbortRecord {
     pub reason: String,
 }
 
+/// Options of an in-process world beyond its size and timeout.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct HubOptions {
+    /// Buffered or rendezvous sends.
+    pub delivery: Delivery,
+    /// Seeded perturbation of every send, receive and hand-over (`None`: off).
+    pub chaos: Option<Chaos>,
+}
+
 /// Shared state of an in-process world: one inbox per rank and the failure record.
 pub struct InProcessHub<T> {
     inboxes: Vec<Inbox<T>>,
@@ -35,15 +93,28 @@ pub struct InProcessHub<T> {
     first_failure: Mutex<Option<AbortRecord>>,
     exited: Vec<AtomicBool>,
     timeout: Duration,
+    options: HubOptions,
 }
 
 impl<T: Send + 'static> InProcessHub<T> {
-    /// Creates the hub of a world of `world_size` ranks.
+    /// Creates the hub of a world of `world_size` ranks with buffered sends and no chaos.
     pub fn new(world_size: usize, timeout: Duration) -> Arc<Self> {
+        Self::with_options(world_size, timeout, HubOptions::default())
+    }
+
+    /// Creates the hub of a world of `world_size` ranks.
+    pub fn with_options(world_size: usize, timeout: Duration, options: HubOptions) -> Arc<Self> {
         Arc::new(Self {
             inboxes: (0..world_size)
                 .map(|_| Inbox {
-                    queues: Mutex::new((0..world_size).map(|_| VecDeque::new()).collect()),
+                    lanes: Mutex::new(
+                        (0..world_size)
+                            .map(|_| Lane {
+                                unexpected: VecDeque::new(),
+                                posted: VecDeque::new(),
+                            })
+                            .collect(),
+                    ),
                     arrived: Condvar::new(),
                 })
                 .collect(),
@@ -51,14 +122,24 @@ impl<T: Send + 'static> InProcessHub<T> {
             first_failure: Mutex::new(None),
             exited: (0..world_size).map(|_| AtomicBool::new(false)).collect(),
             timeout,
+            options,
         })
     }
 
     /// The transport endpoint of `rank`.
     pub fn endpoint(self: &Arc<Self>, rank: usize) -> InProcessTransport<T> {
+        let chaos = self.options.chaos.map(|c| {
+            Arc::new(ChaosRng {
+                state: Mutex::new(splitmix(
+                    c.seed ^ (rank as u64).wrapping_mul(0xA076_1D64_78BD_642F),
+                )),
+                max_delay_us: c.max_delay.as_micros().max(1) as u64,
+            })
+        });
         InProcessTransport {
             rank,
             hub: self.clone(),
+            chaos,
         }
     }
 
@@ -68,8 +149,83 @@ impl<T: Send + 'static> InProcessHub<T> {
 
     fn wake_all(&self) {
         for inbox in &self.inboxes {
-            let _guard = inbox.queues.lock().unwrap();
+            let _guard = inbox.lanes.lock().unwrap();
             inbox.arrived.notify_all();
+        }
+    }
+
+    /// Why a rank waiting on `peer` must stop waiting, if it must.
+    fn stop_reason(
+        &self,
+        rank: usize,
+        peer: usize,
+        op: &str,
+        started: Instant,
+    ) -> Option<RtpError> {
+        if self.aborted.load(Ordering::Acquire) {
+            let rec = self.first_failure().unwrap_or(AbortRecord {
+                rank: peer,
+                reason: "unknown".into(),
+            });
+            return Some(RtpError::PeerFailed {
+                rank,
+                op: op.to_string(),
+                failed_rank: rec.rank,
+                reason: rec.reason,
+            });
+        }
+        if self.exited[peer].load(Ordering::Acquire) {
+            return Some(RtpError::PeerExited {
+                rank,
+                op: op.to_string(),
+                peer,
+            });
+        }
+        let waited = started.elapsed();
+        (waited >= self.timeout).then(|| RtpError::Timeout {
+            rank,
+            op: op.to_string(),
+            peer,
+            secs: waited.as_secs_f64(),
+        })
+    }
+
+    /// How long a blocked rank may sleep before it looks at the flags again.
+    fn slice(&self, started: Instant) -> Duration {
+        self.timeout.saturating_sub(started.elapsed()).min(POLL)
+    }
+}
+
+/// SplitMix64: a tiny, well-mixed generator; one stream per rank.
+fn splitmix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = x;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// A rank's chaos generator: each draw decides whether to do nothing, yield or sleep.
+struct ChaosRng {
+    state: Mutex<u64>,
+    max_delay_us: u64,
+}
+
+impl ChaosRng {
+    fn perturb(&self) {
+        let draw = {
+            let mut s = self.state.lock().unwrap();
+            *s = splitmix(*s);
+            *s
+        };
+        match draw % 8 {
+            0..=3 => {}
+            4..=6 => {
+                for _ in 0..(draw >> 8) % 4 + 1 {
+                    std::thread::yield_now();
+                }
+            }
+            _ => std::thread::sleep(Duration::from_micros((draw >> 16) % self.max_delay_us)),
         }
     }
 }
@@ -78,8 +234,18 @@ impl<T: Send + 'static> InProcessHub<T> {
 pub struct InProcessTransport<T> {
     rank: usize,
     hub: Arc<InProcessHub<T>>,
+    chaos: Option<Arc<ChaosRng>>,
 }
 
+/// Draws one perturbation, if chaos is on. A rank's thread draws in program order, so a
+/// seed gives the same sequence of perturbations on every run.
+fn perturb(chaos: &Option<Arc<ChaosRng>>) {
+    if let Some(chaos) = chaos {
+        chaos.perturb();
+    }
+}
+
+/// A send that is complete: buffered, or already taken.
 struct Done;
 impl SendHandle for Done {
     fn wait(self: Box<Self>) -> RtpResult<()> {
@@ -87,71 +253,85 @@ impl SendHandle for Done {
     }
 }
 
+/// A rendezvous send waiting for its receive.
+struct PendingSend<T> {
+    rank: usize,
+    to: usize,
+    op: String,
+    done: Arc<SendDone>,
+    hub: Arc<InProcessHub<T>>,
+}
+
+impl<T: Send + 'static> SendHandle for PendingSend<T> {
+    fn wait(self: Box<Self>) -> RtpResult<()> {
+        let started = Instant::now();
+        let mut taken = self.done.taken.lock().unwrap();
+        loop {
+            if *taken {
+                return Ok(());
+            }
+            if let Some(err) = self.hub.stop_reason(self.rank, self.to, &self.op, started) {
+                return Err(err);
+            }
+            let slice = self.hub.slice(started);
+            taken = self.done.cv.wait_timeout(taken, slice).unwrap().0;
+        }
+    }
+}
+
 struct PendingRecv<T> {
     rank: usize,
     from: usize,
     expect: Header,
+    slot: Slot<T>,
     hub: Arc<InProcessHub<T>>,
+    chaos: Option<Arc<ChaosRng>>,
+}
+
+impl<T: Send + 'static> PendingRecv<T> {
+    fn check(&self, header: Header, payload: Payload<T>) -> RtpResult<Payload<T>> {
+        if header != self.expect {
+            return Err(RtpError::Desync {
+                rank: self.rank,
+                peer: self.from,
+                op: self.expect.op.to_string(),
+                seq: self.expect.seq,
+                expected: self.expect.to_string(),
+                got: header.to_string(),
+            });
+        }
+        Ok(payload)
+    }
 }
 
 impl<T: Send + 'static> RecvHandle<T> for PendingRecv<T> {
     fn wait(self: Box<Self>) -> RtpResult<Payload<T>> {
-        let hub = &self.hub;
-        let inbox = &hub.inboxes[self.rank];
-        let start = Instant::now();
+        perturb(&self.chaos);
+        let inbox = &self.hub.inboxes[self.rank];
+        let started = Instant::now();
         // Peers usually answer within microseconds; yielding a few times lets them run
         // without paying for a sleep and a wake-up.
         for _ in 0..SPIN_YIELDS {
-            if !inbox.queues.lock().unwrap()[self.from].is_empty() {
+            if self.slot.lock().unwrap().is_some() {
                 break;
             }
             std::thread::yield_now();
         }
-        let mut queues = inbox.queues.lock().unwrap();
+        let mut lanes = inbox.lanes.lock().unwrap();
         loop {
-            if let Some(env) = queues[self.from].pop_front() {
-                if env.header != self.expect {
-                    return Err(RtpError::Desync {
-                        rank: self.rank,
-                        peer: self.from,
-                        op: self.expect.op.to_string(),
-                        seq: self.expect.seq,
-                        expected: self.expect.to_string(),
-                        got: env.header.to_string(),
-                    });
-                }
-                return Ok(env.payload);
+            if let Some((header, payload)) = self.slot.lock().unwrap().take() {
+                drop(lanes);
+                perturb(&self.chaos);
+                return self.check(header, payload);
             }
-            if hub.aborted.load(Ordering::Acquire) {
-                let rec = hub.first_failure().unwrap_or(AbortRecord {
-                    rank: self.from,
-                    reason: "unknown".into(),
-                });
-                return Err(RtpError::PeerFailed {
-                    rank: self.rank,
-                    op: self.expect.op.to_string(),
-                    failed_rank: rec.rank,
-                    reason: rec.reason,
-                });
+            if let Some(err) = self
+                .hub
+                .stop_reason(self.rank, self.from, &self.expect.op, started)
+            {
+                return Err(err);
             }
-            if hub.exited[self.from].load(Ordering::Acquire) {
-                return Err(RtpError::PeerExited {
-                    rank: self.rank,
-                    op: self.expect.op.to_string(),
-                    peer: self.from,
-                });
-            }
-            let waited = start.elapsed();
-            if waited >= hub.timeout {
-                return Err(RtpError::Timeout {
-                    rank: self.rank,
-                    op: self.expect.op.to_string(),
-                    peer: self.from,
-                    secs: waited.as_secs_f64(),
-                });
-            }
-            let slice = (hub.timeout - waited).min(Duration::from_millis(200));
-            queues = inbox.arrived.wait_timeout(queues, slice).unwrap().0;
+            let slice = self.hub.slice(started);
+            lanes = inbox.arrived.wait_timeout(lanes, slice).unwrap().0;
         }
     }
 }
@@ -180,10 +360,35 @@ impl<T: Send + 'static> Transport<T> for InProcessTransport<T> {
             rank: to,
             world_size,
         })?;
-        let mut queues = inbox.queues.lock().unwrap();
-        queues[self.rank].push_back(Envelope { header, payload });
-        inbox.arrived.notify_all();
-        Ok(Box::new(Done))
+        perturb(&self.chaos);
+        let rendezvous = self.hub.options.delivery == Delivery::Rendezvous;
+        let done = rendezvous.then(Arc::<SendDone>::default);
+        let op = header.op.to_string();
+        let envelope = Envelope {
+            header,
+            payload,
+            done: done.clone(),
+        };
+        {
+            let mut lanes = inbox.lanes.lock().unwrap();
+            let lane = &mut lanes[self.rank];
+            match lane.posted.pop_front() {
+                Some(slot) => *slot.lock().unwrap() = Some(envelope.taken()),
+                None => lane.unexpected.push_back(envelope),
+            }
+            inbox.arrived.notify_all();
+        }
+        perturb(&self.chaos);
+        Ok(match done {
+            Some(done) => Box::new(PendingSend {
+                rank: self.rank,
+                to,
+                op,
+                done,
+                hub: self.hub.clone(),
+            }),
+            None => Box::new(Done),
+        })
     }
 
     fn irecv(&self, from: usize, expect: Header) -> RtpResult<Box<dyn RecvHandle<T>>> {
@@ -193,11 +398,24 @@ impl<T: Send + 'static> Transport<T> for InProcessTransport<T> {
                 world_size: self.world_size(),
             });
         }
+        perturb(&self.chaos);
+        let slot: Slot<T> = Arc::new(Mutex::new(None));
+        {
+            let inbox = &self.hub.inboxes[self.rank];
+            let mut lanes = inbox.lanes.lock().unwrap();
+            let lane = &mut lanes[from];
+            match lane.unexpected.pop_front() {
+                Some(envelope) => *slot.lock().unwrap() = Some(envelope.taken()),
+                None => lane.posted.push_back(slot.clone()),
+            }
+        }
         Ok(Box::new(PendingRecv {
             rank: self.rank,
             from,
             expect,
+            slot,
             hub: self.hub.clone(),
+            chaos: self.chaos.clone(),
         }))
     }
 

@@ -5,10 +5,11 @@
 
 mod in_process;
 
-pub use in_process::{InProcessHub, InProcessTransport};
+pub use in_process::{HubOptions, InProcessHub, InProcessTransport};
 
 use crate::error::RtpResult;
 use burn::tensor::TensorData;
+use std::borrow::Cow;
 
 /// Which kind of buffer a transport moves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,12 +30,15 @@ pub enum Payload<T> {
 }
 
 /// Identifies a message so that the receiver can check both sides run the same op.
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// It crosses process boundaries (serde), so the op name is owned once deserialised and
+/// borrowed (no allocation) when built in-process.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Header {
     /// Collective sequence number of the op on the sending rank.
     pub seq: u64,
     /// Name of the op.
-    pub op: &'static str,
+    pub op: Cow<'static, str>,
     /// Step or shard index inside the op.
     pub part: usize,
     /// Shape of the payload.

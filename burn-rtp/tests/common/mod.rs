@@ -1,20 +1,21 @@
 //! Test models and a reference trainer shared by the integration tests.
 #![allow(dead_code)]
 
-use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};
+use burn::module::{AutodiffModule, Module, ModuleMapper, ModuleVisitor, Param};
 use burn::nn::attention::generate_autoregressive_mask;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::nn::transformer::{
     TransformerEncoder, TransformerEncoderConfig, TransformerEncoderInput,
 };
 use burn::nn::{
-    Embedding, EmbeddingConfig, LayerNorm, LayerNormConfig, Linear, LinearConfig, Relu,
+    Embedding, EmbeddingConfig, Gelu, LayerNorm, LayerNormConfig, Linear, LinearConfig,
 };
 use burn::optim::decay::WeightDecayConfig;
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Int, Tensor, TensorData};
+use burn_rtp::{launch, Rtp, RtpConfig, RtpOptimizer, RtpResult};
 
 pub const VOCAB: usize = 67;
 pub const D_MODEL: usize = 36;
@@ -24,13 +25,15 @@ pub const SEQ: usize = 8;
 pub const GLOBAL_BATCH: usize = 24;
 pub const STEPS: usize = 20;
 pub const LR: f64 = 1e-2;
+/// Seed of the initial weights of the equivalence tests.
+pub const SEED: u64 = 7;
 
 /// A two-layer perceptron classifier.
 #[derive(Module, Debug)]
 pub struct Mlp<B: Backend> {
     pub fc1: Linear<B>,
     pub fc2: Linear<B>,
-    pub act: Relu,
+    pub act: Gelu,
 }
 
 impl<B: Backend> Mlp<B> {
@@ -38,7 +41,7 @@ impl<B: Backend> Mlp<B> {
         Self {
             fc1: LinearConfig::new(D_MODEL, D_FF).init(device),
             fc2: LinearConfig::new(D_FF, VOCAB).init(device),
-            act: Relu::new(),
+            act: Gelu::new(),
         }
     }
 
@@ -266,4 +269,154 @@ pub fn load_bytes<B: Backend, M: Module<B>>(m: M, bytes: &[u8], device: &B::Devi
 
 pub fn rel_close(a: f32, b: f32, tol: f32) -> bool {
     (a - b).abs() <= tol * a.abs().max(b.abs()).max(1e-6)
+}
+
+/// Tolerance of the comparison with single-device training (relative to each parameter's
+/// largest magnitude).
+pub const TOL: f32 = 1e-4;
+
+/// Per-step losses and final parameter values of one rank.
+pub type RankRun = (Vec<f32>, Vec<Vec<f32>>);
+
+/// Checks every rank's run against single-device training: the mean per-step loss, then
+/// every element of every parameter. Returns the first difference.
+pub fn compare(
+    which: Which,
+    ref_losses: &[f32],
+    ref_params: &[Vec<f32>],
+    runs: &[RankRun],
+    label: &str,
+) -> Result<(), String> {
+    let world = runs.len();
+    for step in 0..ref_losses.len() {
+        let mean = runs.iter().map(|(l, _)| l[step]).sum::<f32>() / world as f32;
+        if !rel_close(mean, ref_losses[step], TOL) {
+            return Err(format!(
+                "{label} {which:?}: step {step} loss {mean} vs single-device {}",
+                ref_losses[step]
+            ));
+        }
+    }
+    for (rank, (_, params)) in runs.iter().enumerate() {
+        if params.len() != ref_params.len() {
+            return Err(format!("{label}: parameter count"));
+        }
+        for (i, (got, want)) in params.iter().zip(ref_params).enumerate() {
+            if got.len() != want.len() {
+                return Err(format!("{label}: parameter {i} size"));
+            }
+            let scale = want.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-3);
+            for (k, (g, w)) in got.iter().zip(want).enumerate() {
+                if (g - w).abs() > TOL * scale {
+                    return Err(format!(
+                        "{label} {which:?} rank {rank}: parameter {i} element {k}: {g} vs {w}"
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+type RefB = burn::backend::Autodiff<burn::backend::NdArray>;
+type DistB = burn::backend::Autodiff<Rtp<burn::backend::NdArray>>;
+
+/// Replaces every randomly initialised parameter with values drawn from `seed`, at the
+/// scale Burn's initialiser gave it (uniform in ±max|w|); constant parameters (LayerNorm's
+/// ones and zeros) stay. Burn's own generator is seeded from OS entropy and shared by the
+/// tests that run at once, so without this every run trains different weights.
+pub fn seeded<B: Backend, M: Module<B>>(module: M, seed: u64) -> M {
+    struct Seeded {
+        state: u64,
+    }
+    impl Seeded {
+        fn next(&mut self) -> f32 {
+            self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = self.state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^= z >> 31;
+            (z >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+        }
+    }
+    impl<B: Backend> ModuleMapper<B> for Seeded {
+        fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+            let (id, tensor, mapper) = param.consume();
+            let device = tensor.device();
+            let shape = tensor.shape();
+            let values = tensor.into_data().convert::<f32>().to_vec::<f32>().unwrap();
+            let lo = values.iter().copied().fold(f32::INFINITY, f32::min);
+            let hi = values.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let values = if lo == hi {
+                values
+            } else {
+                let scale = lo.abs().max(hi.abs());
+                values.iter().map(|_| self.next() * scale).collect()
+            };
+            let t = Tensor::from_data(TensorData::new(values, shape), &device);
+            Param::from_mapped_value(id, t, mapper)
+        }
+    }
+    module.map(&mut Seeded {
+        state: seed ^ 0x5EED_5EED,
+    })
+}
+
+/// Initial weights of the MLP drawn from `seed`, as bytes any backend loads.
+pub fn mlp_weights(seed: u64) -> Vec<u8> {
+    to_bytes(seeded(Mlp::<RefB>::new(&Default::default()), seed))
+}
+
+/// Initial weights of the language model drawn from `seed`, as bytes any backend loads.
+pub fn lm_weights(seed: u64) -> Vec<u8> {
+    to_bytes(seeded(TinyLm::<RefB>::new(&Default::default()), seed))
+}
+
+/// Single-device training of the MLP from `weights`: per-step losses and final parameters.
+pub fn reference_mlp(weights: &[u8]) -> RankRun {
+    reference_mlp_split(weights, 1)
+}
+
+/// Single-device training of the MLP whose loss is the mean of the mean losses of `blocks`
+/// row blocks: the same mathematics as [`reference_mlp`], rounded the way data parallelism
+/// rounds. Comparing the two measures how far rounding alone moves training.
+pub fn reference_mlp_split(weights: &[u8], blocks: usize) -> RankRun {
+    let device = Default::default();
+    let mut model = load_bytes(Mlp::<RefB>::new(&device), weights, &device);
+    let mut optim = adam().init();
+    let mut losses = Vec::new();
+    for step in 0..STEPS {
+        let loss = (0..blocks)
+            .map(|b| step_loss_mlp(&model, step, rows(b, blocks), &device))
+            .reduce(|a, b| a + b)
+            .expect("at least one block");
+        let loss = if blocks == 1 {
+            loss
+        } else {
+            loss / blocks as f32
+        };
+        losses.push(loss.clone().into_scalar().elem_f32());
+        let grads = GradientsParams::from_grads(loss.backward(), &model);
+        model = optim.step(LR, model, grads);
+    }
+    (losses, param_values(&model))
+}
+
+/// Distributed training of the MLP from `weights` under `config`, every rank's run.
+pub fn rtp_mlp(config: RtpConfig, weights: &[u8]) -> RtpResult<Vec<RankRun>> {
+    let world = config.world_size;
+    launch(config, |device| {
+        let model = load_bytes(Mlp::<DistB>::new(&device), weights, &device);
+        let optim = RtpOptimizer::new(adam().init());
+        let (model, losses) = train(
+            model,
+            optim,
+            Which::Mlp,
+            STEPS,
+            rows(device.rank(), world),
+            &device,
+            step_loss_mlp,
+        );
+        (losses, param_values(&model))
+    })
 }
