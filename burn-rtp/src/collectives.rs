@@ -1,104 +1,17 @@
-//! Collectives built from the transport's point-to-point sends: gather a shard into the full
-//! tensor, and all-reduce small host vectors. Every rank sums in rank order, so all ranks get
-//! bit-identical results, which keeps replicated values replicated.
+//! Collectives built on [`crate::p2p`] exchanges: gather a shard into the full tensor,
+//! all-reduce (ring reduce-scatter + all-gather, or through the host for small vectors) and
+//! the barrier. Every rank sums in rank order, so all ranks get bit-identical results, which
+//! keeps replicated values replicated.
 
+use crate::p2p::{exchange, fence, read_host, Leg};
 use crate::rotation::{reduce_scatter, rotate_columns};
 use crate::sharding::ShardSpec;
 use crate::tensor::{Layout, RtpTensor};
-use crate::transport::{BufferKind, Header, Payload};
+use crate::transport::Header;
 use crate::world::RankCtx;
 use burn::tensor::backend::Backend;
-use burn::tensor::{try_read_sync, Shape, TensorData, TensorMetadata};
+use burn::tensor::{Shape, TensorData, TensorMetadata};
 use std::sync::Arc;
-
-/// Reads an inner tensor to the host.
-pub(crate) fn read_host<B: Backend>(t: B::FloatTensorPrimitive) -> TensorData {
-    try_read_sync(B::float_into_data(t))
-        .expect("blocking reads are supported on native targets")
-        .expect("reading a tensor from the inner backend failed")
-}
-
-/// Wraps an inner tensor as a payload for this transport.
-pub(crate) fn to_payload<B: Backend>(
-    ctx: &RankCtx<B>,
-    t: B::FloatTensorPrimitive,
-) -> Payload<B::FloatTensorPrimitive> {
-    match ctx.transport.buffer_kind() {
-        BufferKind::Device => Payload::Device(t),
-        BufferKind::Host => Payload::Host(read_host::<B>(t)),
-    }
-}
-
-/// Turns a received payload into an inner tensor on this rank's device.
-pub(crate) fn from_payload<B: Backend>(
-    ctx: &RankCtx<B>,
-    p: Payload<B::FloatTensorPrimitive>,
-) -> B::FloatTensorPrimitive {
-    match p {
-        Payload::Device(t) => t,
-        Payload::Host(data) => B::float_from_data(data, &ctx.inner),
-    }
-}
-
-/// Waits until this rank's queued device work is done.
-///
-/// Handing a tensor to another rank's thread is only safe once the work that wrote it is
-/// complete, and dropping a received tensor only once the work that read it is: an
-/// asynchronous backend (wgpu, CUDA) runs each thread's work on its own stream, and the owner
-/// may otherwise overwrite a shard in place while a peer's read is still queued. A no-op on
-/// synchronous backends such as NdArray.
-pub(crate) fn fence<B: Backend>(ctx: &RankCtx<B>) {
-    if let Err(e) = B::sync(&ctx.inner) {
-        crate::error::raise(crate::RtpError::Transport {
-            rank: ctx.rank,
-            op: "sync".into(),
-            reason: e.to_string(),
-        });
-    }
-}
-
-/// Takes ownership of received tensors: on backends that run ranks on separate streams, each
-/// one is copied into a buffer of this rank's stream and the received handle is released only
-/// after the copy ran, so no buffer is ever written by one rank while another still uses it.
-pub(crate) fn adopt<B: Backend>(
-    ctx: &RankCtx<B>,
-    received: Vec<B::FloatTensorPrimitive>,
-) -> Vec<B::FloatTensorPrimitive> {
-    if !ctx.copies_on_receive() {
-        return received;
-    }
-    let own = received
-        .iter()
-        .map(|t| B::float_mul_scalar(t.clone(), burn::tensor::Scalar::Float(1.0)))
-        .collect();
-    fence(ctx);
-    drop(received);
-    own
-}
-
-/// Sends an inner tensor and waits until the buffer may be reused.
-pub(crate) fn send<B: Backend>(
-    ctx: &RankCtx<B>,
-    to: usize,
-    header: Header,
-    t: B::FloatTensorPrimitive,
-) {
-    fence(ctx);
-    let payload = to_payload(ctx, t);
-    let handle = ctx.check(ctx.transport.isend(to, header, payload));
-    ctx.check(handle.wait());
-}
-
-/// Receives an inner tensor.
-pub(crate) fn recv<B: Backend>(
-    ctx: &RankCtx<B>,
-    from: usize,
-    expect: Header,
-) -> B::FloatTensorPrimitive {
-    let handle = ctx.check(ctx.transport.irecv(from, expect));
-    let payload = ctx.check(handle.wait());
-    adopt(ctx, vec![from_payload(ctx, payload)]).remove(0)
-}
 
 /// The full tensor of a sharded one, identical on every rank.
 pub(crate) fn all_gather<B: Backend>(
@@ -120,52 +33,39 @@ pub(crate) fn all_gather<B: Backend>(
         part,
         shape: spec.shard_shape(part).to_vec(),
     };
-    for step in 1..n {
-        send(ctx, (rank + step) % n, header(rank), t.inner.clone());
+    // Every rank posts a receive from every other rank, then sends its shard to each.
+    let peers: Vec<usize> = (1..n).map(|step| (rank + n - step) % n).collect();
+    let own = [t.inner.clone()];
+    let receives = peers
+        .iter()
+        .map(|&src| Leg {
+            peer: src,
+            headers: vec![header(src)],
+            tensors: &[],
+        })
+        .collect();
+    let sends = (1..n)
+        .map(|step| Leg {
+            peer: (rank + step) % n,
+            headers: vec![header(rank)],
+            tensors: &own,
+        })
+        .collect();
+    let elem = t.inner.dtype().size();
+    let (_, received) = exchange(ctx, receives, sends, elem, || ());
+    let mut parts: Vec<Option<B::FloatTensorPrimitive>> = vec![None; n];
+    parts[rank] = Some(t.inner.clone());
+    for (src, mut got) in peers.into_iter().zip(received) {
+        parts[src] = Some(got.tensors.remove(0));
     }
-    let mut parts = Vec::with_capacity(n);
-    for src in 0..n {
-        if src == rank {
-            parts.push(t.inner.clone());
-        } else {
-            let shard = recv(ctx, src, header(src));
-            ctx.check(check_shape::<B>(
-                ctx,
-                src,
-                op,
-                seq,
-                &shard,
-                &spec.shard_shape(src),
-            ));
-            parts.push(shard);
-        }
-    }
+    let parts: Vec<_> = parts
+        .into_iter()
+        .map(|p| p.expect("one part per rank"))
+        .collect();
     let last = spec.full.num_dims() - 1;
     let full = burn_rtp_kernels::assemble_columns::<B>(parts, last);
     fence(ctx);
     full
-}
-
-fn check_shape<B: Backend>(
-    ctx: &RankCtx<B>,
-    peer: usize,
-    op: &str,
-    seq: u64,
-    t: &B::FloatTensorPrimitive,
-    expected: &Shape,
-) -> crate::RtpResult<()> {
-    if &t.shape() == expected {
-        Ok(())
-    } else {
-        Err(crate::RtpError::Desync {
-            rank: ctx.rank,
-            peer,
-            op: op.to_string(),
-            seq,
-            expected: format!("shape {:?}", expected.to_vec()),
-            got: format!("shape {:?}", t.shape().to_vec()),
-        })
-    }
 }
 
 /// Sums a host vector over all ranks; every rank gets the same bits.
@@ -186,31 +86,41 @@ pub(crate) fn all_reduce_sum_host<B: Backend>(
         part,
         shape: vec![len],
     };
-    let data = TensorData::new(values.clone(), [len]);
-    for step in 1..n {
-        let handle = ctx.check(ctx.transport.isend(
-            (rank + step) % n,
-            header(rank),
-            Payload::Host(data.clone()),
-        ));
-        ctx.check(handle.wait());
+    let peers: Vec<usize> = (1..n).map(|step| (rank + n - step) % n).collect();
+    let own = [B::float_from_data(
+        TensorData::new(values.clone(), [len]),
+        &ctx.inner,
+    )];
+    let receives = peers
+        .iter()
+        .map(|&src| Leg {
+            peer: src,
+            headers: vec![header(src)],
+            tensors: &[],
+        })
+        .collect();
+    let sends = (1..n)
+        .map(|step| Leg {
+            peer: (rank + step) % n,
+            headers: vec![header(rank)],
+            tensors: &own,
+        })
+        .collect();
+    let (_, received) = exchange(ctx, receives, sends, 4, || ());
+    let mut contributions: Vec<Option<Vec<f32>>> = vec![None; n];
+    contributions[rank] = Some(values);
+    for (src, mut got) in peers.into_iter().zip(received) {
+        let data = read_host::<B>(got.tensors.remove(0));
+        contributions[src] = Some(data.convert::<f32>().into_vec::<f32>().unwrap());
     }
+    // Summed in rank order on every rank, so every rank gets the same bits.
     let mut sum = vec![0f32; len];
-    for src in 0..n {
-        let contribution = if src == rank {
-            values.clone()
-        } else {
-            let handle = ctx.check(ctx.transport.irecv(src, header(src)));
-            match ctx.check(handle.wait()) {
-                Payload::Host(d) => d.convert::<f32>().into_vec::<f32>().unwrap(),
-                Payload::Device(t) => read_host::<B>(t)
-                    .convert::<f32>()
-                    .into_vec::<f32>()
-                    .unwrap(),
-            }
-        };
-        for (s, c) in sum.iter_mut().zip(contribution) {
-            *s += c;
+    for c in contributions
+        .into_iter()
+        .map(|c| c.expect("one part per rank"))
+    {
+        for (s, v) in sum.iter_mut().zip(c) {
+            *s += v;
         }
     }
     sum

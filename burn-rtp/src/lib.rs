@@ -11,6 +11,7 @@ mod error;
 mod launch;
 mod ops;
 mod optim;
+mod p2p;
 pub mod rotation;
 pub mod shard_io;
 pub mod sharding;

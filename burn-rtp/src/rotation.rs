@@ -4,22 +4,25 @@
 //!
 //! * [`rotate`]: at step `t` rank `r` holds shard `j = r - t` (a bundle of tensors, e.g. a
 //!   weight shard and its bias shard) and runs `compute(j, bundle)`. After `N` steps every rank
-//!   has seen every shard. Out-of-place mode posts the receive of the next shard before
-//!   computing with the current one (double buffer); in-place mode computes, then swaps its
-//!   single buffer with the neighbours.
+//!   has seen every shard. Out-of-place mode exchanges the next shard while computing with the
+//!   current one (double buffer); in-place mode computes, then swaps its single buffer with the
+//!   neighbours.
 //! * [`reduce_scatter`]: the travelling gradient. At step `t` rank `r` adds its contribution
 //!   to shard `j = r - 1 - t` to the buffer that arrived from `r - 1` and passes it on. After
 //!   `N` steps the buffer of shard `j` is back home on rank `j` holding `Σ_r contribution_r(j)`.
 //!
-//! Every rank issues the same messages in the same order, and each message carries a
-//! [`Header`] the receiver checks, so diverged programs fail loudly instead of mixing data.
+//! Every exchange posts its receive before it starts its send ([`crate::p2p`]), so the ring
+//! cannot deadlock on a transport that does not buffer. Every rank issues the same messages
+//! in the same order, and each message carries a [`Header`] the receiver checks, so diverged
+//! programs fail loudly instead of mixing data.
 
 use crate::accounting::{Category, Charge};
-use crate::collectives::from_payload;
-use crate::collectives::{adopt, fence, send};
 use crate::config::RotationMode;
+use crate::p2p::{
+    complete, exchange, fence, finish, post, start, swap, Leg, Posted, Received, Started,
+};
 use crate::timeline::IntervalKind;
-use crate::transport::{Header, RecvHandle};
+use crate::transport::Header;
 use crate::world::RankCtx;
 use burn::tensor::backend::Backend;
 use burn::tensor::TensorMetadata;
@@ -27,26 +30,46 @@ use std::sync::Arc;
 
 type Float<B> = <B as burn::tensor::backend::BackendTypes>::FloatTensorPrimitive;
 
-fn bytes_of(shapes: &[Vec<usize>], elem: usize) -> usize {
-    shapes
-        .iter()
-        .map(|s| s.iter().product::<usize>() * elem)
-        .sum()
+/// The ring's index arithmetic, in one place: who this rank talks to and which shard it holds.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Ring {
+    /// This rank.
+    pub rank: usize,
+    /// Ranks in the ring.
+    pub n: usize,
 }
 
-/// A shard bundle in flight, with the memory it occupies on this rank.
-struct Buffer<B: Backend> {
-    tensors: Vec<Float<B>>,
-    _charge: Option<Arc<Charge>>,
+impl Ring {
+    /// The ring of `ctx`'s world.
+    pub(crate) fn of<B: Backend>(ctx: &RankCtx<B>) -> Self {
+        Self {
+            rank: ctx.rank,
+            n: ctx.world_size,
+        }
+    }
+
+    /// Where every message goes.
+    pub(crate) fn next(self) -> usize {
+        (self.rank + 1) % self.n
+    }
+
+    /// Where every message comes from.
+    pub(crate) fn prev(self) -> usize {
+        (self.rank + self.n - 1) % self.n
+    }
+
+    /// The shard a rotation holds at step `t`: `r - t`.
+    pub(crate) fn held(self, t: usize) -> usize {
+        (self.rank + self.n - t % self.n) % self.n
+    }
+
+    /// The travelling gradient buffer a reduce-scatter adds to at step `t`: `r - 1 - t`.
+    pub(crate) fn travelling(self, t: usize) -> usize {
+        (self.rank + 2 * self.n - 1 - t % self.n) % self.n
+    }
 }
 
-/// Posted receives of one bundle.
-struct Posted<B: Backend> {
-    handles: Vec<Box<dyn RecvHandle<Float<B>>>>,
-    charge: Arc<Charge>,
-    posted: Option<std::time::Instant>,
-}
-
+/// Headers of the tensors of shard `j`'s bundle: one part number per tensor.
 fn headers(seq: u64, op: &'static str, j: usize, shapes: Vec<Vec<usize>>) -> Vec<Header> {
     let k = shapes.len();
     shapes
@@ -59,37 +82,6 @@ fn headers(seq: u64, op: &'static str, j: usize, shapes: Vec<Vec<usize>>) -> Vec
             shape,
         })
         .collect()
-}
-
-fn post<B: Backend>(ctx: &RankCtx<B>, from: usize, expect: Vec<Header>, elem: usize) -> Posted<B> {
-    let shapes: Vec<Vec<usize>> = expect.iter().map(|h| h.shape.clone()).collect();
-    let charge = ctx
-        .ledger
-        .charge(Category::InFlight, bytes_of(&shapes, elem));
-    let posted = ctx.timeline.start();
-    let handles = expect
-        .into_iter()
-        .map(|h| ctx.check(ctx.transport.irecv(from, h)))
-        .collect();
-    Posted {
-        handles,
-        charge,
-        posted,
-    }
-}
-
-fn complete<B: Backend>(ctx: &RankCtx<B>, posted: Posted<B>) -> Buffer<B> {
-    let received = posted
-        .handles
-        .into_iter()
-        .map(|h| from_payload(ctx, ctx.check(h.wait())))
-        .collect();
-    ctx.timeline.finish(IntervalKind::Transfer, posted.posted);
-    let tensors = adopt(ctx, received);
-    Buffer {
-        tensors,
-        _charge: Some(posted.charge),
-    }
 }
 
 /// Charges inner tensors that an op holds only briefly (partial results) as local memory.
@@ -109,18 +101,10 @@ fn timed<B: Backend, T>(ctx: &RankCtx<B>, f: impl FnOnce() -> T) -> T {
     out
 }
 
-fn send_bundle<B: Backend>(
-    ctx: &RankCtx<B>,
-    to: usize,
-    seq: u64,
-    op: &'static str,
-    j: usize,
-    bundle: &[Float<B>],
-) {
-    let shapes = bundle.iter().map(|t| t.shape().to_vec()).collect();
-    for (h, t) in headers(seq, op, j, shapes).into_iter().zip(bundle) {
-        send(ctx, to, h, t.clone());
-    }
+/// A shard bundle on hand, with the in-flight charge of its buffers (none for the own shard).
+struct Bundle<B: Backend> {
+    tensors: Vec<Float<B>>,
+    _charge: Option<Arc<Charge>>,
 }
 
 /// Shows every shard of a bundle to `compute`, in ring order; see the module docs.
@@ -133,88 +117,70 @@ pub(crate) fn rotate<B: Backend>(
     shapes_of: impl Fn(usize) -> Vec<Vec<usize>>,
     mut compute: impl FnMut(usize, &[Float<B>]),
 ) {
-    let (r, n) = (ctx.rank, ctx.world_size);
+    let ring = Ring::of(ctx);
     let seq = ctx.next_seq();
     let elem = own.first().map(|t| t.dtype().size()).unwrap_or(4);
-    let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
-    let mut cur = Buffer::<B> {
+    let mut cur = Bundle::<B> {
         tensors: own,
         _charge: None,
     };
-    for t in 0..n {
-        let j = (r + n - t) % n;
-        let last = t + 1 == n;
-        let incoming = (r + n - t - 1) % n;
-        match ctx.config.rotation {
+    for t in 0..ring.n {
+        let j = ring.held(t);
+        if t + 1 == ring.n {
+            timed(ctx, || compute(j, &cur.tensors));
+            break;
+        }
+        let incoming = ring.held(t + 1);
+        let incoming_headers = headers(seq, op, incoming, shapes_of(incoming));
+        let outgoing_headers = headers(seq, op, j, shapes_of(j));
+        let got = match ctx.config.rotation {
             RotationMode::OutOfPlace => {
-                let posted = (!last).then(|| {
-                    send_bundle(ctx, next, seq, op, j, &cur.tensors);
-                    post(
-                        ctx,
-                        prev,
-                        headers(seq, op, incoming, shapes_of(incoming)),
-                        elem,
-                    )
+                let recv = Leg {
+                    peer: ring.prev(),
+                    headers: incoming_headers,
+                    tensors: &[],
+                };
+                let send = Leg {
+                    peer: ring.next(),
+                    headers: outgoing_headers,
+                    tensors: &cur.tensors,
+                };
+                let (_, mut received) = exchange(ctx, vec![recv], vec![send], elem, || {
+                    timed(ctx, || compute(j, &cur.tensors))
                 });
-                timed(ctx, || compute(j, &cur.tensors));
-                if let Some(posted) = posted {
-                    // The shard on hand is released below: its reads must be done first.
-                    fence(ctx);
-                    cur = complete(ctx, posted);
-                }
+                // The shard on hand is released below: its reads must be done first.
+                fence(ctx);
+                received.remove(0)
             }
             RotationMode::InPlace => {
                 timed(ctx, || compute(j, &cur.tensors));
-                if !last {
-                    send_bundle(ctx, next, seq, op, j, &cur.tensors);
-                    drop(std::mem::take(&mut cur.tensors));
-                    cur._charge = None;
-                    let posted = post(
-                        ctx,
-                        prev,
-                        headers(seq, op, incoming, shapes_of(incoming)),
-                        elem,
-                    );
-                    cur = complete(ctx, posted);
-                }
+                // The shard on hand leaves now: its reads must be done first.
+                fence(ctx);
+                let Bundle { tensors, _charge } = std::mem::replace(
+                    &mut cur,
+                    Bundle {
+                        tensors: Vec::new(),
+                        _charge: None,
+                    },
+                );
+                swap(
+                    ctx,
+                    ring.prev(),
+                    incoming_headers,
+                    ring.next(),
+                    outgoing_headers,
+                    tensors,
+                    _charge,
+                    elem,
+                )
             }
-        }
-        verify_shapes(
-            ctx,
-            op,
-            seq,
-            prev,
-            &cur.tensors,
-            &shapes_of(if last { j } else { incoming }),
-            last,
-        );
+        };
+        cur = Bundle {
+            tensors: got.tensors,
+            _charge: Some(got.charge),
+        };
     }
     fence(ctx);
-}
-
-fn verify_shapes<B: Backend>(
-    ctx: &RankCtx<B>,
-    op: &str,
-    seq: u64,
-    peer: usize,
-    got: &[Float<B>],
-    expected: &[Vec<usize>],
-    skip: bool,
-) {
-    if skip {
-        return;
-    }
-    let got: Vec<Vec<usize>> = got.iter().map(|t| t.shape().to_vec()).collect();
-    if got != expected {
-        crate::error::raise(crate::RtpError::Desync {
-            rank: ctx.rank,
-            peer,
-            op: op.to_string(),
-            seq,
-            expected: format!("shapes {expected:?}"),
-            got: format!("shapes {got:?}"),
-        });
-    }
 }
 
 /// Rotates `own` and builds a tensor from one column block per shard: `block(j, shard)` is
@@ -247,58 +213,76 @@ pub(crate) fn rotate_columns<B: Backend>(
 /// Sums every rank's contribution to each shard and leaves shard `r` on rank `r`.
 ///
 /// `contribution(j)` is this rank's part of shard `j` (a bundle); the result is this rank's
-/// own shard summed over all ranks.
+/// own shard summed over all ranks. Out-of-place mode posts the receive of the next buffer
+/// before the current one leaves and lets the send complete behind the next contribution;
+/// in-place mode swaps its one buffer with the neighbours at the end of each step.
 pub(crate) fn reduce_scatter<B: Backend>(
     ctx: &RankCtx<B>,
     op: &'static str,
     shapes_of: impl Fn(usize) -> Vec<Vec<usize>>,
     mut contribution: impl FnMut(usize) -> Vec<Float<B>>,
 ) -> Vec<Float<B>> {
-    let (r, n) = (ctx.rank, ctx.world_size);
+    let ring = Ring::of(ctx);
     let seq = ctx.next_seq();
-    let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
     let out_of_place = ctx.config.rotation == RotationMode::OutOfPlace;
+    // Out-of-place: the receive of the buffer the next step adds to, posted a step ahead.
     let mut posted: Option<Posted<B>> = None;
-    for t in 0..n {
-        let j = (r + 2 * n - 1 - t) % n;
+    // In-place: the buffer the last exchange brought.
+    let mut arrived: Option<Received<B>> = None;
+    // Out-of-place: a send still completing, with the buffer it reads and its charge.
+    let mut sending: Option<(Started, Vec<Float<B>>, Arc<Charge>)> = None;
+    for t in 0..ring.n {
+        let j = ring.travelling(t);
         let mine = timed(ctx, || contribution(j));
         let elem = mine.first().map(|t| t.dtype().size()).unwrap_or(4);
+        if let Some((started, _buffer, _charge)) = sending.take() {
+            finish(ctx, started);
+        }
         // This rank's contribution is a temporary until it joins the travelling buffer.
         let _contribution = transient::<B>(ctx, &mine);
         let summed: Vec<Float<B>> = if t == 0 {
             mine
         } else {
-            // Out-of-place posted this receive a step ago; in-place posts it only now.
-            let p = posted
-                .take()
-                .unwrap_or_else(|| post(ctx, prev, headers(seq, op, j, shapes_of(j)), elem));
-            let arrived = complete(ctx, p);
-            verify_shapes(ctx, op, seq, prev, &arrived.tensors, &shapes_of(j), false);
-            // The arrived buffer is this rank's own: accumulate into it, never into `mine`,
-            // which may be a view of a larger tensor.
-            arrived
+            let buffer = match (arrived.take(), posted.take()) {
+                (Some(buffer), _) => buffer,
+                (None, Some(p)) => complete(ctx, p),
+                (None, None) => unreachable!("rank {}: `{op}` lost its buffer", ring.rank),
+            };
+            buffer
                 .tensors
                 .into_iter()
                 .zip(mine)
                 .map(|(a, m)| B::float_add(a, m))
                 .collect()
         };
-        if t + 1 == n {
+        if t + 1 == ring.n {
             return summed;
         }
-        // Out-of-place posts the next receive before this buffer leaves, so both coexist.
-        let next_j = (r + 2 * n - 2 - t) % n;
+        let next_j = ring.travelling(t + 1);
+        let incoming = headers(seq, op, next_j, shapes_of(next_j));
+        let shapes = summed.iter().map(|t| t.shape().to_vec()).collect();
+        let outgoing = headers(seq, op, j, shapes);
+        let bytes = summed.iter().map(|t| t.shape().num_elements() * elem).sum();
+        let charge = ctx.ledger.charge(Category::InFlight, bytes);
         if out_of_place {
-            posted = Some(post(
+            posted = Some(post(ctx, ring.prev(), incoming, elem));
+            let started = start(ctx, ring.next(), outgoing, &summed);
+            sending = Some((started, summed, charge));
+        } else {
+            arrived = Some(swap(
                 ctx,
-                prev,
-                headers(seq, op, next_j, shapes_of(next_j)),
+                ring.prev(),
+                incoming,
+                ring.next(),
+                outgoing,
+                summed,
+                Some(charge),
                 elem,
             ));
         }
-        let bytes = summed.iter().map(|t| t.shape().num_elements() * elem).sum();
-        let _travelling = ctx.ledger.charge(Category::InFlight, bytes);
-        send_bundle(ctx, next, seq, op, j, &summed);
     }
-    unreachable!("rank {r}: `{op}` ring of {n} ended without a result")
+    unreachable!(
+        "rank {}: `{op}` ring of {} ended without a result",
+        ring.rank, ring.n
+    )
 }

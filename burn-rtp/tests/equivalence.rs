@@ -4,15 +4,11 @@
 mod common;
 
 use burn::backend::{Autodiff, NdArray};
-use burn_rtp::{launch, RotationMode, Rtp, RtpConfig, RtpOptimizer, Strategy};
+use burn_rtp::{launch, Delivery, RotationMode, Rtp, RtpConfig, RtpOptimizer, Strategy};
 use common::*;
 
 type Ref = Autodiff<NdArray>;
 type Dist = Autodiff<Rtp<NdArray>>;
-
-fn run_mlp(world: usize, mode: RotationMode) {
-    run_mlp_with(RtpConfig::new(world).with_rotation(mode));
-}
 
 fn run_mlp_with(config: RtpConfig) {
     let label = format!(
@@ -25,10 +21,6 @@ fn run_mlp_with(config: RtpConfig) {
     if let Err(e) = compare(Which::Mlp, &ref_losses, &ref_params, &runs, &label) {
         panic!("{e}");
     }
-}
-
-fn run_lm(world: usize, mode: RotationMode) {
-    run_lm_with(RtpConfig::new(world).with_rotation(mode));
 }
 
 fn run_lm_with(config: RtpConfig) {
@@ -71,41 +63,68 @@ macro_rules! cases {
     ($($name:ident: $run:ident, $n:expr, $mode:expr;)*) => {
         $(#[test]
         fn $name() {
-            $run($n, $mode);
+            $run(RtpConfig::new($n).with_rotation($mode));
         })*
+
+        /// The same cases where a send completes only once its receive has taken it (as with
+        /// MPI's rendezvous protocol or NCCL): no call site may rely on buffering.
+        mod rendezvous {
+            use super::*;
+            $(#[test]
+            fn $name() {
+                $run(rendezvous(RtpConfig::new($n).with_rotation($mode)));
+            })*
+
+            #[test]
+            fn baselines_match_single_device() {
+                super::baselines(rendezvous);
+            }
+        }
     };
 }
 
 cases! {
-    mlp_n1_out_of_place: run_mlp, 1, RotationMode::OutOfPlace;
-    mlp_n2_out_of_place: run_mlp, 2, RotationMode::OutOfPlace;
-    mlp_n3_out_of_place: run_mlp, 3, RotationMode::OutOfPlace;
-    mlp_n4_out_of_place: run_mlp, 4, RotationMode::OutOfPlace;
-    mlp_n8_out_of_place: run_mlp, 8, RotationMode::OutOfPlace;
-    mlp_n1_in_place: run_mlp, 1, RotationMode::InPlace;
-    mlp_n2_in_place: run_mlp, 2, RotationMode::InPlace;
-    mlp_n3_in_place: run_mlp, 3, RotationMode::InPlace;
-    mlp_n4_in_place: run_mlp, 4, RotationMode::InPlace;
-    mlp_n8_in_place: run_mlp, 8, RotationMode::InPlace;
-    lm_n1_out_of_place: run_lm, 1, RotationMode::OutOfPlace;
-    lm_n2_out_of_place: run_lm, 2, RotationMode::OutOfPlace;
-    lm_n3_out_of_place: run_lm, 3, RotationMode::OutOfPlace;
-    lm_n4_out_of_place: run_lm, 4, RotationMode::OutOfPlace;
-    lm_n8_out_of_place: run_lm, 8, RotationMode::OutOfPlace;
-    lm_n1_in_place: run_lm, 1, RotationMode::InPlace;
-    lm_n2_in_place: run_lm, 2, RotationMode::InPlace;
-    lm_n3_in_place: run_lm, 3, RotationMode::InPlace;
-    lm_n4_in_place: run_lm, 4, RotationMode::InPlace;
-    lm_n8_in_place: run_lm, 8, RotationMode::InPlace;
+    mlp_n1_out_of_place: run_mlp_with, 1, RotationMode::OutOfPlace;
+    mlp_n2_out_of_place: run_mlp_with, 2, RotationMode::OutOfPlace;
+    mlp_n3_out_of_place: run_mlp_with, 3, RotationMode::OutOfPlace;
+    mlp_n4_out_of_place: run_mlp_with, 4, RotationMode::OutOfPlace;
+    mlp_n8_out_of_place: run_mlp_with, 8, RotationMode::OutOfPlace;
+    mlp_n1_in_place: run_mlp_with, 1, RotationMode::InPlace;
+    mlp_n2_in_place: run_mlp_with, 2, RotationMode::InPlace;
+    mlp_n3_in_place: run_mlp_with, 3, RotationMode::InPlace;
+    mlp_n4_in_place: run_mlp_with, 4, RotationMode::InPlace;
+    mlp_n8_in_place: run_mlp_with, 8, RotationMode::InPlace;
+    lm_n1_out_of_place: run_lm_with, 1, RotationMode::OutOfPlace;
+    lm_n2_out_of_place: run_lm_with, 2, RotationMode::OutOfPlace;
+    lm_n3_out_of_place: run_lm_with, 3, RotationMode::OutOfPlace;
+    lm_n4_out_of_place: run_lm_with, 4, RotationMode::OutOfPlace;
+    lm_n8_out_of_place: run_lm_with, 8, RotationMode::OutOfPlace;
+    lm_n1_in_place: run_lm_with, 1, RotationMode::InPlace;
+    lm_n2_in_place: run_lm_with, 2, RotationMode::InPlace;
+    lm_n3_in_place: run_lm_with, 3, RotationMode::InPlace;
+    lm_n4_in_place: run_lm_with, 4, RotationMode::InPlace;
+    lm_n8_in_place: run_lm_with, 8, RotationMode::InPlace;
 }
 
 /// The two baselines run on the same machinery and must train identically too.
 #[test]
 fn baselines_match_single_device() {
+    baselines(|c| c);
+}
+
+fn baselines(transport: fn(RtpConfig) -> RtpConfig) {
     for strategy in [Strategy::Fsdp, Strategy::Ddp] {
-        run_mlp_with(RtpConfig::new(4).with_strategy(strategy));
-        run_lm_with(RtpConfig::new(3).with_strategy(strategy));
+        run_mlp_with(transport(RtpConfig::new(4).with_strategy(strategy)));
+        run_lm_with(transport(RtpConfig::new(3).with_strategy(strategy)));
     }
+}
+
+/// Rendezvous delivery; a call site that relied on buffering deadlocks, and the short peer
+/// timeout turns that into a failure naming the op instead of a hang.
+fn rendezvous(config: RtpConfig) -> RtpConfig {
+    config
+        .with_delivery(Delivery::Rendezvous)
+        .with_peer_timeout(std::time::Duration::from_secs(20))
 }
 
 /// The rotation really shards: parameters are 1/N per rank and only the LayerNorm gains and

@@ -349,6 +349,10 @@ impl<T: Send + 'static> Transport<T> for InProcessTransport<T> {
         BufferKind::Device
     }
 
+    fn buffers_sends(&self) -> bool {
+        self.hub.options.delivery == Delivery::Buffered
+    }
+
     fn isend(
         &self,
         to: usize,

@@ -75,6 +75,12 @@ pub trait Transport<T: Send + 'static>: Send + Sync {
     fn world_size(&self) -> usize;
     /// Which buffers this transport wants.
     fn buffer_kind(&self) -> BufferKind;
+    /// Whether a send completes without waiting for its receive (the message then owns the
+    /// buffer until it is taken). In-place rotation uses this to hold one buffer at a time;
+    /// on transports that do not buffer (MPI's rendezvous protocol, NCCL) it must exchange.
+    fn buffers_sends(&self) -> bool {
+        false
+    }
     /// Starts sending `payload` to rank `to`.
     fn isend(
         &self,

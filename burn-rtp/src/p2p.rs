@@ -1,0 +1,258 @@
+//! Point-to-point exchanges between ranks, on top of the [`Transport`](crate::transport).
+//!
+//! The one rule that keeps every pattern deadlock-free on transports that do not buffer (MPI's
+//! rendezvous protocol for large messages, NCCL): a rank posts all receives of an exchange
+//! before it starts its sends, and waits for its sends only after that. [`exchange`] is the
+//! only way the rest of the crate moves tensors, so the rule holds everywhere:
+//!
+//! 1. post the receives;
+//! 2. start the sends;
+//! 3. run the caller's compute;
+//! 4. wait for the sends and the receives.
+//!
+//! Rotation and collectives are built on this module; it knows nothing of either.
+
+use crate::accounting::{Category, Charge};
+use crate::timeline::IntervalKind;
+use crate::transport::{BufferKind, Header, Payload, RecvHandle, SendHandle};
+use crate::world::RankCtx;
+use burn::tensor::backend::Backend;
+use burn::tensor::{try_read_sync, TensorData, TensorMetadata};
+use std::sync::Arc;
+
+type Float<B> = <B as burn::tensor::backend::BackendTypes>::FloatTensorPrimitive;
+
+/// Reads an inner tensor to the host.
+pub(crate) fn read_host<B: Backend>(t: Float<B>) -> TensorData {
+    try_read_sync(B::float_into_data(t))
+        .expect("blocking reads are supported on native targets")
+        .expect("reading a tensor from the inner backend failed")
+}
+
+/// Wraps an inner tensor as a payload for this transport.
+fn to_payload<B: Backend>(ctx: &RankCtx<B>, t: Float<B>) -> Payload<Float<B>> {
+    match ctx.transport.buffer_kind() {
+        BufferKind::Device => Payload::Device(t),
+        BufferKind::Host => Payload::Host(read_host::<B>(t)),
+    }
+}
+
+/// Turns a received payload into an inner tensor on this rank's device.
+fn from_payload<B: Backend>(ctx: &RankCtx<B>, p: Payload<Float<B>>) -> Float<B> {
+    match p {
+        Payload::Device(t) => t,
+        Payload::Host(data) => B::float_from_data(data, &ctx.inner),
+    }
+}
+
+/// Waits until this rank's queued device work is done.
+///
+/// Handing a tensor to another rank's thread is only safe once the work that wrote it is
+/// complete, and dropping a received tensor only once the work that read it is: an
+/// asynchronous backend (wgpu, CUDA) runs each thread's work on its own stream, and the owner
+/// may otherwise overwrite a shard in place while a peer's read is still queued. A no-op on
+/// synchronous backends such as NdArray.
+pub(crate) fn fence<B: Backend>(ctx: &RankCtx<B>) {
+    if let Err(e) = B::sync(&ctx.inner) {
+        crate::error::raise(crate::RtpError::Transport {
+            rank: ctx.rank,
+            op: "sync".into(),
+            reason: e.to_string(),
+        });
+    }
+}
+
+/// Takes ownership of received tensors: on backends that run ranks on separate streams, each
+/// one is copied into a buffer of this rank's stream and the received handle is released only
+/// after the copy ran, so no buffer is ever written by one rank while another still uses it.
+fn adopt<B: Backend>(ctx: &RankCtx<B>, received: Vec<Float<B>>) -> Vec<Float<B>> {
+    if !ctx.copies_on_receive() {
+        return received;
+    }
+    let own = received
+        .iter()
+        .map(|t| B::float_mul_scalar(t.clone(), burn::tensor::Scalar::Float(1.0)))
+        .collect();
+    fence(ctx);
+    drop(received);
+    own
+}
+
+/// Bytes of tensors of the given shapes.
+pub(crate) fn bytes_of(shapes: &[Vec<usize>], elem: usize) -> usize {
+    shapes
+        .iter()
+        .map(|s| s.iter().product::<usize>() * elem)
+        .sum()
+}
+
+/// A posted receive with the header it expects.
+type PostedRecv<B> = (Header, Box<dyn RecvHandle<Float<B>>>);
+
+/// Receives posted from one peer, charged as in flight until their tensors are dropped.
+pub(crate) struct Posted<B: Backend> {
+    from: usize,
+    handles: Vec<PostedRecv<B>>,
+    charge: Arc<Charge>,
+    started: Option<std::time::Instant>,
+}
+
+/// Received tensors with the in-flight charge of their buffers.
+pub(crate) struct Received<B: Backend> {
+    /// The tensors, in the order their headers were posted.
+    pub tensors: Vec<Float<B>>,
+    /// Held as long as the tensors are.
+    pub charge: Arc<Charge>,
+}
+
+/// Posts the receives of `expect` from `from`.
+pub(crate) fn post<B: Backend>(
+    ctx: &RankCtx<B>,
+    from: usize,
+    expect: Vec<Header>,
+    elem: usize,
+) -> Posted<B> {
+    let shapes: Vec<Vec<usize>> = expect.iter().map(|h| h.shape.clone()).collect();
+    let charge = ctx
+        .ledger
+        .charge(Category::InFlight, bytes_of(&shapes, elem));
+    let started = ctx.timeline.start();
+    let handles = expect
+        .into_iter()
+        .map(|h| (h.clone(), ctx.check(ctx.transport.irecv(from, h))))
+        .collect();
+    Posted {
+        from,
+        handles,
+        charge,
+        started,
+    }
+}
+
+/// Waits for posted receives; checks that each tensor has the shape its header announced.
+pub(crate) fn complete<B: Backend>(ctx: &RankCtx<B>, posted: Posted<B>) -> Received<B> {
+    let from = posted.from;
+    let received = posted
+        .handles
+        .into_iter()
+        .map(|(header, h)| {
+            let t = from_payload(ctx, ctx.check(h.wait()));
+            if t.shape().to_vec() != header.shape {
+                crate::error::raise(crate::RtpError::Desync {
+                    rank: ctx.rank,
+                    peer: from,
+                    op: header.op.to_string(),
+                    seq: header.seq,
+                    expected: format!("shape {:?}", header.shape),
+                    got: format!("shape {:?}", t.shape().to_vec()),
+                });
+            }
+            t
+        })
+        .collect();
+    ctx.timeline.finish(IntervalKind::Transfer, posted.started);
+    Received {
+        tensors: adopt(ctx, received),
+        charge: posted.charge,
+    }
+}
+
+/// Sends started to one or more peers; wait before reusing or dropping their buffers.
+pub(crate) struct Started(Vec<Box<dyn SendHandle>>);
+
+/// Starts sending `tensors` to `to`, one message per tensor under the matching header.
+pub(crate) fn start<B: Backend>(
+    ctx: &RankCtx<B>,
+    to: usize,
+    headers: Vec<Header>,
+    tensors: &[Float<B>],
+) -> Started {
+    // The tensors must be written before another rank's thread may read them.
+    fence(ctx);
+    Started(
+        headers
+            .into_iter()
+            .zip(tensors)
+            .map(|(h, t)| ctx.check(ctx.transport.isend(to, h, to_payload(ctx, t.clone()))))
+            .collect(),
+    )
+}
+
+/// Waits until every started send's buffer may be reused.
+pub(crate) fn finish<B: Backend>(ctx: &RankCtx<B>, started: Started) {
+    for h in started.0 {
+        ctx.check(h.wait());
+    }
+}
+
+/// One message of an exchange: the peer and, per tensor, its header.
+pub(crate) struct Leg<'a, B: Backend> {
+    /// The peer rank.
+    pub peer: usize,
+    /// One header per tensor.
+    pub headers: Vec<Header>,
+    /// The tensors to send (empty for a receive).
+    pub tensors: &'a [Float<B>],
+}
+
+/// Exchanges messages with any set of peers and runs `compute` while they move: posts every
+/// receive, starts every send, computes, then waits for all of them. Returns the result of
+/// `compute` and, per receive leg in order, the received tensors.
+pub(crate) fn exchange<B: Backend, R>(
+    ctx: &RankCtx<B>,
+    receives: Vec<Leg<'_, B>>,
+    sends: Vec<Leg<'_, B>>,
+    elem: usize,
+    compute: impl FnOnce() -> R,
+) -> (R, Vec<Received<B>>) {
+    let posted: Vec<Posted<B>> = receives
+        .into_iter()
+        .map(|leg| post(ctx, leg.peer, leg.headers, elem))
+        .collect();
+    let started: Vec<Started> = sends
+        .into_iter()
+        .map(|leg| start(ctx, leg.peer, leg.headers, leg.tensors))
+        .collect();
+    let out = compute();
+    for s in started {
+        finish(ctx, s);
+    }
+    let received = posted.into_iter().map(|p| complete(ctx, p)).collect();
+    (out, received)
+}
+
+/// Swaps a buffer with the ring neighbours: sends `buffer` to `to` and receives the buffer
+/// from `from`. Where the transport buffers sends, the own buffer (and its `held` charge) is
+/// released before the receive is posted, so a rank holds one buffer at a time; otherwise
+/// this is an [`exchange`], and both buffers exist while the messages move.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn swap<B: Backend>(
+    ctx: &RankCtx<B>,
+    from: usize,
+    incoming: Vec<Header>,
+    to: usize,
+    outgoing: Vec<Header>,
+    buffer: Vec<Float<B>>,
+    held: Option<Arc<Charge>>,
+    elem: usize,
+) -> Received<B> {
+    if ctx.transport.buffers_sends() {
+        let started = start(ctx, to, outgoing, &buffer);
+        finish(ctx, started);
+        drop(buffer);
+        drop(held);
+        return complete(ctx, post(ctx, from, incoming, elem));
+    }
+    let recv = Leg {
+        peer: from,
+        headers: incoming,
+        tensors: &[],
+    };
+    let send = Leg {
+        peer: to,
+        headers: outgoing,
+        tensors: &buffer,
+    };
+    let (_, mut received) = exchange(ctx, vec![recv], vec![send], elem, || ());
+    received.remove(0)
+}
