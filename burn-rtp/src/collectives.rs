@@ -13,6 +13,51 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Shape, TensorData, TensorMetadata};
 use std::sync::Arc;
 
+/// Every rank's tensor on every rank, in rank order: each rank posts a receive from every
+/// other rank, then sends its own tensor (under `header(rank)`) to each.
+fn exchange_with_all<B: Backend>(
+    ctx: &RankCtx<B>,
+    header: impl Fn(usize) -> Header,
+    own: B::FloatTensorPrimitive,
+) -> Vec<B::FloatTensorPrimitive> {
+    let (rank, n) = (ctx.rank, ctx.world_size);
+    let peers: Vec<usize> = (0..n).filter(|&p| p != rank).collect();
+    let elem = own.dtype().size();
+    let own = [own];
+    let receives = peers
+        .iter()
+        .map(|&src| Leg {
+            peer: src,
+            headers: vec![header(src)],
+            tensors: &[],
+        })
+        .collect();
+    let sends = peers
+        .iter()
+        .map(|&dst| Leg {
+            peer: dst,
+            headers: vec![header(rank)],
+            tensors: &own,
+        })
+        .collect();
+    let (_, received) = exchange(ctx, receives, sends, elem, || ());
+    let [own] = own;
+    let mut received = received.into_iter();
+    (0..n)
+        .map(|p| {
+            if p == rank {
+                own.clone()
+            } else {
+                received
+                    .next()
+                    .expect("one message per peer")
+                    .tensors
+                    .remove(0)
+            }
+        })
+        .collect()
+}
+
 /// The full tensor of a sharded one, identical on every rank.
 pub(crate) fn all_gather<B: Backend>(
     t: &RtpTensor<B>,
@@ -22,46 +67,17 @@ pub(crate) fn all_gather<B: Backend>(
         return t.inner.clone();
     };
     let ctx = &t.ctx;
-    let seq = ctx.next_seq();
-    let (rank, n) = (ctx.rank, ctx.world_size);
-    if n == 1 {
+    if ctx.world_size == 1 {
         return t.inner.clone();
     }
+    let seq = ctx.next_seq();
     let header = |part: usize| Header {
         seq,
         op: op.into(),
         part,
         shape: spec.shard_shape(part).to_vec(),
     };
-    // Every rank posts a receive from every other rank, then sends its shard to each.
-    let peers: Vec<usize> = (1..n).map(|step| (rank + n - step) % n).collect();
-    let own = [t.inner.clone()];
-    let receives = peers
-        .iter()
-        .map(|&src| Leg {
-            peer: src,
-            headers: vec![header(src)],
-            tensors: &[],
-        })
-        .collect();
-    let sends = (1..n)
-        .map(|step| Leg {
-            peer: (rank + step) % n,
-            headers: vec![header(rank)],
-            tensors: &own,
-        })
-        .collect();
-    let elem = t.inner.dtype().size();
-    let (_, received) = exchange(ctx, receives, sends, elem, || ());
-    let mut parts: Vec<Option<B::FloatTensorPrimitive>> = vec![None; n];
-    parts[rank] = Some(t.inner.clone());
-    for (src, mut got) in peers.into_iter().zip(received) {
-        parts[src] = Some(got.tensors.remove(0));
-    }
-    let parts: Vec<_> = parts
-        .into_iter()
-        .map(|p| p.expect("one part per rank"))
-        .collect();
+    let parts = exchange_with_all(ctx, header, t.inner.clone());
     let last = spec.full.num_dims() - 1;
     let full = burn_rtp_kernels::assemble_columns::<B>(parts, last);
     fence(ctx);
@@ -74,8 +90,7 @@ pub(crate) fn all_reduce_sum_host<B: Backend>(
     op: &'static str,
     values: Vec<f32>,
 ) -> Vec<f32> {
-    let (rank, n) = (ctx.rank, ctx.world_size);
-    if n == 1 {
+    if ctx.world_size == 1 {
         return values;
     }
     let seq = ctx.next_seq();
@@ -86,39 +101,16 @@ pub(crate) fn all_reduce_sum_host<B: Backend>(
         part,
         shape: vec![len],
     };
-    let peers: Vec<usize> = (1..n).map(|step| (rank + n - step) % n).collect();
-    let own = [B::float_from_data(
-        TensorData::new(values.clone(), [len]),
-        &ctx.inner,
-    )];
-    let receives = peers
-        .iter()
-        .map(|&src| Leg {
-            peer: src,
-            headers: vec![header(src)],
-            tensors: &[],
-        })
-        .collect();
-    let sends = (1..n)
-        .map(|step| Leg {
-            peer: (rank + step) % n,
-            headers: vec![header(rank)],
-            tensors: &own,
-        })
-        .collect();
-    let (_, received) = exchange(ctx, receives, sends, 4, || ());
-    let mut contributions: Vec<Option<Vec<f32>>> = vec![None; n];
-    contributions[rank] = Some(values);
-    for (src, mut got) in peers.into_iter().zip(received) {
-        let data = read_host::<B>(got.tensors.remove(0));
-        contributions[src] = Some(data.convert::<f32>().into_vec::<f32>().unwrap());
-    }
+    let own = B::float_from_data(TensorData::new(values, [len]), &ctx.inner);
+    let contributions = exchange_with_all(ctx, header, own).into_iter().map(|t| {
+        read_host::<B>(t)
+            .convert::<f32>()
+            .into_vec::<f32>()
+            .unwrap()
+    });
     // Summed in rank order on every rank, so every rank gets the same bits.
     let mut sum = vec![0f32; len];
-    for c in contributions
-        .into_iter()
-        .map(|c| c.expect("one part per rank"))
-    {
+    for c in contributions {
         for (s, v) in sum.iter_mut().zip(c) {
             *s += v;
         }
