@@ -257,7 +257,7 @@ impl SendHandle for Done {
 struct PendingSend<T> {
     rank: usize,
     to: usize,
-    op: String,
+    op: std::borrow::Cow<'static, str>,
     done: Arc<SendDone>,
     hub: Arc<InProcessHub<T>>,
 }
@@ -367,7 +367,8 @@ impl<T: Send + 'static> Transport<T> for InProcessTransport<T> {
         perturb(&self.chaos);
         let rendezvous = self.hub.options.delivery == Delivery::Rendezvous;
         let done = rendezvous.then(Arc::<SendDone>::default);
-        let op = header.op.to_string();
+        // A borrowed name: no allocation on the send path.
+        let op = header.op.clone();
         let envelope = Envelope {
             header,
             payload,
