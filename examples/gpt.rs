@@ -1,9 +1,11 @@
-//! Trains a byte-level GPT under `single`, `ddp`, `fsdp` or `rtp` on in-process ranks and
-//! shows what each rank holds against what one device would hold.
+//! Trains a byte-level GPT under `single`, `ddp`, `fsdp` or `rtp`, on in-process ranks or on
+//! one MPI process per rank, and shows what each rank holds against what one device would hold.
 //!
 //! `cargo run --release --example gpt -- --help`
+//!
+//! Under MPI (cargo feature `mpi`): `mpirun -np 4 target/release/examples/gpt`
 
-use burn_rtp::{human_bytes, RotationMode};
+use burn_rtp::{human_bytes, RotationMode, TransportKind};
 use burn_rtp_examples::checkpoint::consolidate_checkpoint;
 use burn_rtp_examples::trainer::StepEvent;
 use burn_rtp_examples::{
@@ -49,9 +51,15 @@ struct TrainArgs {
     /// single | ddp | fsdp | rtp
     #[arg(long, default_value = "rtp")]
     strategy: StrategyName,
-    /// In-process ranks.
-    #[arg(long, default_value_t = 4)]
-    ranks: usize,
+    /// Ranks [default: 4 in-process; under mpirun, the number of processes, which it must match].
+    #[arg(long)]
+    ranks: Option<usize>,
+    /// in-process | mpi [default: mpi when started by mpirun, else in-process].
+    #[arg(long)]
+    transport: Option<TransportKind>,
+    /// Seconds a rank waits for a silent peer before it fails.
+    #[arg(long)]
+    peer_timeout: Option<f64>,
     /// out-of-place | in-place
     #[arg(long, default_value = "out-of-place")]
     rotation: RotationMode,
@@ -163,6 +171,11 @@ fn write_report(path: &PathBuf, report: &Report) -> Result<(), String> {
 }
 
 fn print_summary(out: &TrainOutcome) {
+    let rss_label = if out.report.transport == "mpi" {
+        "peak RSS"
+    } else {
+        "process RSS"
+    };
     let r = &out.report;
     let single = r.ideal_model_state_bytes_per_rank * r.ranks as u64;
     println!(
@@ -174,12 +187,19 @@ fn print_summary(out: &TrainOutcome) {
         human_bytes(single)
     );
     println!(
-        "\n{:>4}  {:>12}  {:>12}  {:>7}  {:>12}  {:>12}  {:>12}",
-        "rank", "model state", "ideal (1/N)", "ratio", "in flight", "activations", "peak total"
+        "\n{:>4}  {:>12}  {:>12}  {:>7}  {:>12}  {:>12}  {:>12}  {:>12}",
+        "rank",
+        "model state",
+        "ideal (1/N)",
+        "ratio",
+        "in flight",
+        "activations",
+        "peak total",
+        rss_label
     );
     for (rank, p) in r.peak_bytes_per_rank.iter().enumerate() {
         println!(
-            "{:>4}  {:>12}  {:>12}  {:>6.3}x  {:>12}  {:>12}  {:>12}",
+            "{:>4}  {:>12}  {:>12}  {:>6.3}x  {:>12}  {:>12}  {:>12}  {:>12}",
             rank,
             human_bytes(p.sharded),
             human_bytes(r.ideal_model_state_bytes_per_rank),
@@ -187,7 +207,11 @@ fn print_summary(out: &TrainOutcome) {
             human_bytes(p.in_flight),
             human_bytes(p.local),
             human_bytes(p.total),
+            human_bytes(r.peak_rss_bytes_per_rank.get(rank).copied().unwrap_or(0)),
         );
+    }
+    if r.transport != "mpi" {
+        println!("(in-process: every rank is a thread of one process, so the RSS column is that whole process)");
     }
     if !out.sample.is_empty() {
         println!("\nsample (temperature 0.8):\n{}\n", out.sample);
@@ -218,7 +242,37 @@ fn main() -> ExitCode {
         };
     }
     let a = &cli.train;
-    let mut cfg = TrainConfig::new(a.strategy, a.ranks);
+    let transport = a.transport.unwrap_or_else(TransportKind::from_environment);
+    let launched = burn_rtp::transport::mpi_launch();
+    let (ranks, is_rank0) = match (transport, launched) {
+        (TransportKind::Mpi, Some(job)) => {
+            let world = a.strategy.world_size(job.size);
+            if let Some(asked) = a.ranks.filter(|&r| a.strategy.world_size(r) != world) {
+                eprintln!(
+                    "error: --ranks {asked} does not match the {} processes mpirun started; omit --ranks under mpirun",
+                    job.size
+                );
+                return ExitCode::FAILURE;
+            }
+            (job.size, job.rank == 0)
+        }
+        (TransportKind::Mpi, None) => {
+            eprintln!(
+                "error: --transport mpi needs mpirun: `mpirun -np 4 target/release/examples/gpt`"
+            );
+            return ExitCode::FAILURE;
+        }
+        (TransportKind::InProcess, _) => (a.ranks.unwrap_or(4), true),
+    };
+    let mut cfg = TrainConfig::new(a.strategy, ranks);
+    cfg.transport = Some(transport);
+    if let Some(secs) = a.peer_timeout {
+        if !(secs.is_finite() && secs > 0.0) {
+            eprintln!("error: --peer-timeout must be a positive number of seconds, not {secs}");
+            return ExitCode::FAILURE;
+        }
+        cfg.peer_timeout = Some(std::time::Duration::from_secs_f64(secs));
+    }
     cfg.rotation = a.rotation;
     cfg.steps = a.steps;
     cfg.batch = a.batch;
@@ -232,17 +286,27 @@ fn main() -> ExitCode {
     cfg.init = a.init.clone();
     cfg.eval_every = a.eval_every;
     cfg.sample_bytes = 200;
-    println!(
-        "Training a byte-level GPT (d_model {}, {} layers, context {}) with {} on {} in-process rank(s), {} steps of {} sequences",
-        a.d_model,
-        a.layers,
-        a.seq,
-        a.strategy,
-        a.strategy.world_size(a.ranks),
-        a.steps,
-        a.batch
-    );
-    let bar = Bar(ProgressBar::new(a.steps as u64));
+    let place = match transport {
+        TransportKind::InProcess => "in-process rank(s)",
+        TransportKind::Mpi => "MPI processes",
+    };
+    if is_rank0 {
+        println!(
+            "Training a byte-level GPT (d_model {}, {} layers, context {}) with {} on {} {place}, {} steps of {} sequences",
+            a.d_model,
+            a.layers,
+            a.seq,
+            a.strategy,
+            a.strategy.world_size(ranks),
+            a.steps,
+            a.batch
+        );
+    }
+    let bar = Bar(if is_rank0 {
+        ProgressBar::new(a.steps as u64)
+    } else {
+        ProgressBar::hidden()
+    });
     bar.0.set_style(
         ProgressStyle::with_template("{bar:24} {pos}/{len} [{elapsed_precise}] {msg}")
             .expect("valid template"),
@@ -250,6 +314,7 @@ fn main() -> ExitCode {
     let outcome = run_training(&cfg, a.backend, &bar);
     bar.0.finish();
     match outcome {
+        Ok(out) if out.rank != 0 => ExitCode::SUCCESS,
         Ok(out) => {
             print_summary(&out);
             if let Some(path) = &a.report {

@@ -137,6 +137,112 @@ pub(crate) fn all_reduce_sum<B: Backend>(
     B::float_from_data(TensorData::new(sum, shape).convert_dtype(dtype), &ctx.inner)
 }
 
+/// Every rank's bytes on every rank, in rank order (small host messages: lengths first, then
+/// the bytes, each byte carried exactly by one float so that any transport can move them).
+pub(crate) fn all_gather_bytes<B: Backend>(
+    ctx: &RankCtx<B>,
+    op: &'static str,
+    bytes: &[u8],
+) -> Vec<Vec<u8>> {
+    if ctx.world_size == 1 {
+        return vec![bytes.to_vec()];
+    }
+    // A float holds integers exactly up to 2^24.
+    assert!(
+        bytes.len() < 1 << 24,
+        "rank {}: `{op}` gathers {} bytes; small host messages only",
+        ctx.rank,
+        bytes.len()
+    );
+    let floats = |values: Vec<f32>| {
+        let len = values.len();
+        B::float_from_data(TensorData::new(values, [len]), &ctx.inner)
+    };
+    let host = |t| {
+        read_host::<B>(t)
+            .convert::<f32>()
+            .into_vec::<f32>()
+            .unwrap()
+    };
+    let seq = ctx.next_seq();
+    let lengths: Vec<usize> = exchange_with_all(
+        ctx,
+        |part| Header {
+            seq,
+            op: op.into(),
+            part,
+            shape: vec![1],
+        },
+        floats(vec![bytes.len() as f32]),
+    )
+    .into_iter()
+    .map(|t| host(t)[0] as usize)
+    .collect();
+    let seq = ctx.next_seq();
+    // Empty messages are sent as one padding byte, so that no tensor has a zero dimension.
+    let padded = |len: usize| len.max(1);
+    let mut own: Vec<f32> = bytes.iter().map(|&b| f32::from(b)).collect();
+    own.resize(padded(bytes.len()), 0.0);
+    exchange_with_all(
+        ctx,
+        |part| Header {
+            seq,
+            op: op.into(),
+            part,
+            shape: vec![padded(lengths[part])],
+        },
+        floats(own),
+    )
+    .into_iter()
+    .zip(&lengths)
+    .map(|(t, &len)| host(t)[..len].iter().map(|&v| v as u8).collect())
+    .collect()
+}
+
+/// Checks that every rank passes the same `(name, value)` settings; a mismatch is a
+/// [`RtpError::Disagreement`](crate::RtpError) on every rank, naming the setting and the
+/// first rank that differs.
+pub(crate) fn agree<B: Backend>(
+    ctx: &RankCtx<B>,
+    settings: &[(&str, String)],
+) -> crate::RtpResult<()> {
+    let own = serde_json::to_vec(settings).expect("strings serialise");
+    let all = all_gather_bytes(ctx, "agree", &own);
+    for (peer, theirs) in all.iter().enumerate() {
+        let theirs: Vec<(String, String)> =
+            serde_json::from_slice(theirs).map_err(|e| crate::RtpError::Transport {
+                rank: ctx.rank,
+                op: "agree".into(),
+                reason: format!("rank {peer} sent unreadable settings: {e}"),
+            })?;
+        let mismatch = |field: &str, ours: &str, theirs: &str| crate::RtpError::Disagreement {
+            rank: ctx.rank,
+            peer,
+            field: field.to_string(),
+            ours: ours.to_string(),
+            theirs: theirs.to_string(),
+        };
+        for (name, ours) in settings {
+            let value = theirs
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.as_str());
+            match value {
+                Some(v) if v == ours => {}
+                Some(v) => return Err(mismatch(name, ours, v)),
+                None => return Err(mismatch(name, ours, "(not set)")),
+            }
+        }
+        if let Some((name, v)) = theirs
+            .iter()
+            .find(|(n, _)| !settings.iter().any(|(s, _)| s == n))
+        {
+            return Err(mismatch(name, "(not set)", v));
+        }
+    }
+    Ok(())
+}
+
 /// Blocks until every rank reaches the same barrier.
 pub(crate) fn barrier<B: Backend>(ctx: &RankCtx<B>) {
     all_reduce_sum_host(ctx, "barrier", Vec::new());

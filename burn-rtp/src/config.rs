@@ -97,6 +97,50 @@ pub struct RtpConfig {
     pub chaos: Option<Chaos>,
     /// How the in-process transport delivers: buffered (default) or rendezvous.
     pub delivery: Delivery,
+    /// In-process threads or MPI processes (`None`: [`TransportKind::from_environment`]).
+    pub transport: Option<TransportKind>,
+}
+
+/// How the ranks of a world talk to each other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransportKind {
+    /// Every rank is a thread of this process (the default outside `mpirun`).
+    InProcess,
+    /// One rank per process under `mpirun`, on Open MPI (cargo feature `mpi`).
+    Mpi,
+}
+
+impl std::str::FromStr for TransportKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "in-process" | "inprocess" => Ok(Self::InProcess),
+            "mpi" => Ok(Self::Mpi),
+            other => Err(format!(
+                "unknown transport `{other}`: expected `in-process` or `mpi`"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for TransportKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::InProcess => "in-process",
+            Self::Mpi => "mpi",
+        })
+    }
+}
+
+impl TransportKind {
+    /// What the environment asks for: MPI when `mpirun` started this process, else in-process.
+    pub fn from_environment() -> Self {
+        if crate::transport::mpi_launch().is_some() {
+            Self::Mpi
+        } else {
+            Self::InProcess
+        }
+    }
 }
 
 /// How the in-process transport completes a send.
@@ -144,7 +188,31 @@ impl RtpConfig {
             copy_on_receive: None,
             chaos: None,
             delivery: Delivery::Buffered,
+            transport: None,
         }
+    }
+
+    /// Chooses the transport instead of letting the environment decide.
+    pub fn with_transport(mut self, transport: TransportKind) -> Self {
+        self.transport = Some(transport);
+        self
+    }
+
+    /// The transport `launch` uses: the chosen one, or what the environment asks for.
+    pub fn transport_kind(&self) -> TransportKind {
+        self.transport
+            .unwrap_or_else(TransportKind::from_environment)
+    }
+
+    /// The settings every rank must share, by name, as the start-up agreement compares them.
+    pub(crate) fn shared_settings(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("world size", self.world_size.to_string()),
+            ("strategy", self.strategy.to_string()),
+            ("rotation mode", self.rotation.to_string()),
+            ("shard threshold", self.shard_threshold.to_string()),
+            ("gather fallback", self.gather_fallback.to_string()),
+        ]
     }
 
     /// Injects seeded delays and yields into the in-process transport (stress tests).

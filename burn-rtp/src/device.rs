@@ -105,6 +105,18 @@ impl<B: Backend> RtpDevice<B> {
         sum[0] / self.ctx.world_size as f32
     }
 
+    /// Every rank's `bytes` on every rank, in rank order (a collective, for small host
+    /// messages such as per-rank statistics).
+    pub fn all_gather_bytes(&self, bytes: &[u8]) -> Vec<Vec<u8>> {
+        crate::collectives::all_gather_bytes(&self.ctx, "all_gather_bytes", bytes)
+    }
+
+    /// Checks that every rank passes the same `(name, value)` settings (a collective). Each
+    /// rank gets the same verdict, so a mismatch stops every rank before its first step.
+    pub fn agree(&self, settings: &[(&str, String)]) -> crate::RtpResult<()> {
+        crate::collectives::agree(&self.ctx, settings)
+    }
+
     /// Runs `save` (which serialises records) so that every sharded tensor it reads yields
     /// only this rank's shard, and returns the map needed to load them back.
     pub fn save_shards<T>(&self, save: impl FnOnce() -> T) -> crate::RtpResult<(T, ShardMap)> {

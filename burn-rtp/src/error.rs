@@ -130,6 +130,36 @@ pub enum RtpError {
         /// Ranks alive in this process.
         live: usize,
     },
+    /// The configured world size differs from the number of processes `mpirun` started.
+    #[error("the configuration asks for {configured} ranks, but mpirun started {launched} processes: pass -np {configured} to mpirun, or configure {launched} ranks")]
+    WorldSizeMismatch {
+        /// Ranks in the configuration.
+        configured: usize,
+        /// Processes in the MPI job.
+        launched: usize,
+    },
+    /// The requested transport cannot run here.
+    #[error("transport `{transport}` is unavailable: {reason}")]
+    TransportUnavailable {
+        /// The transport asked for.
+        transport: String,
+        /// Why it cannot run.
+        reason: String,
+    },
+    /// Ranks were started with different settings; caught before the first step.
+    #[error("rank {rank}: ranks disagree on the {field}: this rank has `{ours}`, rank {peer} has `{theirs}`")]
+    Disagreement {
+        /// The rank that reports it.
+        rank: usize,
+        /// The first rank whose value differs.
+        peer: usize,
+        /// The setting.
+        field: String,
+        /// This rank's value.
+        ours: String,
+        /// The peer's value.
+        theirs: String,
+    },
     /// The transport failed.
     #[error("rank {rank}: transport failure in `{op}`: {reason}")]
     Transport {

@@ -1,6 +1,6 @@
 //! Runs the user's per-rank program on every rank of an in-process world.
 
-use crate::config::RtpConfig;
+use crate::config::{RtpConfig, TransportKind};
 use crate::device::RtpDevice;
 use crate::error::{RtpError, RtpResult};
 use crate::transport::Transport;
@@ -67,6 +67,10 @@ where
 }
 
 /// Like [`try_launch`], with the inner device of each rank chosen by `inner_device(rank)`.
+///
+/// In-process (the default), every rank is a thread of this process and the result holds
+/// every rank's value, in rank order. Under `mpirun` (cargo feature `mpi`), this process is
+/// one rank: the program runs once, and the result holds this rank's value only.
 pub fn try_launch_on<B, R, E, F>(
     config: RtpConfig,
     inner_device: impl Fn(usize) -> B::Device,
@@ -79,6 +83,52 @@ where
     F: Fn(RtpDevice<B>) -> Result<R, E> + Send + Sync,
 {
     install_panic_hook();
+    match config.transport_kind() {
+        TransportKind::InProcess => launch_in_process(config, inner_device, program),
+        TransportKind::Mpi => launch_mpi(config, inner_device, program),
+    }
+}
+
+/// Runs the program of one rank: checks that every rank was started with the same settings,
+/// then runs `program`, turning a panic or an `Err` into the rank's [`RtpError`].
+fn run_rank<B, R, E, F>(device: RtpDevice<B>, program: &F) -> Result<R, RtpError>
+where
+    B: Backend,
+    E: std::fmt::Display,
+    F: Fn(RtpDevice<B>) -> Result<R, E>,
+{
+    let rank = device.rank();
+    let _current = enter_rank(&device);
+    let outcome = catch_unwind(AssertUnwindSafe(|| {
+        device
+            .agree(&device.config().shared_settings())
+            .map(|()| program(device))
+    }));
+    match outcome {
+        Ok(Ok(Ok(value))) => Ok(value),
+        Ok(Err(typed)) => Err(typed),
+        Ok(Ok(Err(e))) => Err(RtpError::RankFailed {
+            rank,
+            reason: e.to_string(),
+        }),
+        Err(payload) => Err(match panic_reason(payload) {
+            RtpError::RankFailed { reason, .. } => RtpError::RankFailed { rank, reason },
+            typed => typed,
+        }),
+    }
+}
+
+fn launch_in_process<B, R, E, F>(
+    config: RtpConfig,
+    inner_device: impl Fn(usize) -> B::Device,
+    program: F,
+) -> RtpResult<Vec<R>>
+where
+    B: Backend,
+    R: Send,
+    E: std::fmt::Display,
+    F: Fn(RtpDevice<B>) -> Result<R, E> + Send + Sync,
+{
     let (devices, hub) = in_process_world::<B>(&config, inner_device)?;
     let program = &program;
     let outcomes: Vec<Result<R, RtpError>> = std::thread::scope(|scope| {
@@ -89,22 +139,7 @@ where
                 std::thread::Builder::new()
                     .name(format!("rtp-rank-{}", device.rank()))
                     .spawn_scoped(scope, move || {
-                        let rank = device.rank();
-                        let _current = enter_rank(&device);
-                        let outcome = catch_unwind(AssertUnwindSafe(|| program(device)));
-                        let outcome = match outcome {
-                            Ok(Ok(value)) => Ok(value),
-                            Ok(Err(e)) => Err(RtpError::RankFailed {
-                                rank,
-                                reason: e.to_string(),
-                            }),
-                            Err(payload) => Err(match panic_reason(payload) {
-                                RtpError::RankFailed { reason, .. } => {
-                                    RtpError::RankFailed { rank, reason }
-                                }
-                                typed => typed,
-                            }),
-                        };
+                        let outcome = run_rank(device, program);
                         match &outcome {
                             Ok(_) => Transport::mark_exited(&endpoint),
                             Err(e) => Transport::abort(&endpoint, &e.to_string()),
@@ -131,6 +166,88 @@ where
         return Err(err);
     }
     outcomes.into_iter().collect()
+}
+
+/// This process's rank of an MPI job, checked against the configuration.
+fn mpi_rank(config: &RtpConfig) -> RtpResult<crate::transport::MpiLaunch> {
+    let unavailable = |reason: &str| RtpError::TransportUnavailable {
+        transport: "mpi".into(),
+        reason: reason.into(),
+    };
+    let launch = crate::transport::mpi_launch().ok_or_else(|| {
+        unavailable("this process was not started by mpirun (no OMPI_COMM_WORLD_SIZE or PMI_SIZE in its environment)")
+    })?;
+    if !cfg!(feature = "mpi") {
+        return Err(unavailable(
+            "burn-rtp was built without MPI: rebuild with `--features mpi` (Debian packages: libopenmpi-dev openmpi-bin libclang-dev)",
+        ));
+    }
+    if launch.size != config.world_size {
+        return Err(RtpError::WorldSizeMismatch {
+            configured: config.world_size,
+            launched: launch.size,
+        });
+    }
+    Ok(launch)
+}
+
+/// Runs this process's rank of an MPI job. On failure every other rank is told who failed
+/// and why, and MPI is left unfinalised, so that `mpirun` ends the job once this process
+/// exits (with a non-zero status).
+#[cfg(feature = "mpi")]
+fn launch_mpi<B, R, E, F>(
+    config: RtpConfig,
+    inner_device: impl Fn(usize) -> B::Device,
+    program: F,
+) -> RtpResult<Vec<R>>
+where
+    B: Backend,
+    R: Send,
+    E: std::fmt::Display,
+    F: Fn(RtpDevice<B>) -> Result<R, E> + Send + Sync,
+{
+    use crate::transport::{MpiEndpoint, MpiTransport};
+    let launch = mpi_rank(&config)?;
+    let endpoint = MpiEndpoint(std::sync::Arc::new(MpiTransport::start(
+        config.peer_timeout,
+    )?));
+    let rank = Transport::<B::FloatTensorPrimitive>::rank(&endpoint);
+    if rank != launch.rank {
+        return Err(RtpError::Transport {
+            rank,
+            op: "MPI_Init".into(),
+            reason: format!(
+                "MPI says this is rank {rank}, the launcher's environment says {}",
+                launch.rank
+            ),
+        });
+    }
+    let device = crate::world::register_device::<B>(
+        rank,
+        0,
+        inner_device(rank),
+        std::sync::Arc::new(endpoint.clone()),
+        config,
+    )?;
+    let outcome = run_rank(device, &program);
+    match &outcome {
+        Ok(_) => Transport::<B::FloatTensorPrimitive>::mark_exited(&endpoint),
+        Err(e) => Transport::<B::FloatTensorPrimitive>::abort(&endpoint, &e.to_string()),
+    }
+    outcome.map(|value| vec![value])
+}
+
+#[cfg(not(feature = "mpi"))]
+fn launch_mpi<B, R, E, F>(
+    config: RtpConfig,
+    _inner_device: impl Fn(usize) -> B::Device,
+    _program: F,
+) -> RtpResult<Vec<R>>
+where
+    B: Backend,
+    F: Fn(RtpDevice<B>) -> Result<R, E> + Send + Sync,
+{
+    mpi_rank(&config).map(|_| unreachable!("mpi_rank fails without the `mpi` feature"))
 }
 
 /// Validates a rank index against a world size.

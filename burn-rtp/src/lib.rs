@@ -20,9 +20,9 @@ pub mod timeline;
 pub mod transport;
 mod world;
 
-pub use accounting::{human_bytes, Category, Ledger, MemoryStats};
+pub use accounting::{human_bytes, peak_rss_bytes, Category, Ledger, MemoryStats};
 pub use backend::Rtp;
-pub use config::{Chaos, Delivery, RotationMode, RtpConfig, Strategy};
+pub use config::{Chaos, Delivery, RotationMode, RtpConfig, Strategy, TransportKind};
 pub use consolidate::{consolidate, gather_module};
 pub use device::RtpDevice;
 pub use error::{RtpError, RtpResult};

@@ -47,14 +47,19 @@ pub struct Report {
     pub final_val_loss: f64,
     /// Mean training loss of every step.
     pub losses: Vec<f64>,
-    /// Peak memory of each rank.
+    /// Peak memory of each rank, as the decorator's ledger counts it.
     pub peak_bytes_per_rank: Vec<PeakBytes>,
+    /// Peak resident set (the OS's `VmHWM`) of the process of each rank. In-process, every
+    /// rank is a thread of one process, so each entry is that whole process's figure.
+    pub peak_rss_bytes_per_rank: Vec<u64>,
+    /// `in-process` (ranks are threads of one process) or `mpi` (one process per rank).
+    pub transport: String,
     /// Single-device model-state bytes (fp32 parameters, gradients, Adam moments) / ranks.
     pub ideal_model_state_bytes_per_rank: u64,
 }
 
 /// The keys a report must have; tests and tools check against this list.
-pub const REPORT_KEYS: [&str; 11] = [
+pub const REPORT_KEYS: [&str; 13] = [
     "strategy",
     "ranks",
     "steps",
@@ -65,5 +70,7 @@ pub const REPORT_KEYS: [&str; 11] = [
     "final_val_loss",
     "losses",
     "peak_bytes_per_rank",
+    "peak_rss_bytes_per_rank",
+    "transport",
     "ideal_model_state_bytes_per_rank",
 ];

@@ -9,9 +9,11 @@ use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::tensor::activation::softmax;
 use burn::tensor::backend::Backend;
 use burn::tensor::{ElementConversion, Int, Tensor, TensorData};
-use burn_rtp::{MemoryStats, RotationMode, Rtp, RtpConfig, RtpDevice, RtpOptimizer, Strategy};
+use burn_rtp::{
+    MemoryStats, RotationMode, Rtp, RtpConfig, RtpDevice, RtpOptimizer, Strategy, TransportKind,
+};
 use std::path::PathBuf;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use thiserror::Error;
 
 /// How the model is trained.
@@ -113,6 +115,10 @@ pub struct TrainConfig {
     pub eval_batches: usize,
     /// Bytes to generate at the end (0: none).
     pub sample_bytes: usize,
+    /// In-process ranks or one MPI process per rank (`None`: as the environment says).
+    pub transport: Option<TransportKind>,
+    /// How long a rank waits for a silent peer before failing (`None`: the decorator's default).
+    pub peer_timeout: Option<Duration>,
 }
 
 impl TrainConfig {
@@ -135,7 +141,23 @@ impl TrainConfig {
             eval_every: 50,
             eval_batches: 2,
             sample_bytes: 0,
+            transport: None,
+            peer_timeout: None,
         }
+    }
+
+    /// The settings every rank must share, checked before the first step.
+    fn shared_settings(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("model configuration", format!("{:?}", self.model)),
+            ("seed", self.seed.to_string()),
+            ("global batch", self.batch.to_string()),
+            ("learning rate", self.lr.to_string()),
+            ("steps", self.steps.to_string()),
+            ("corpus", format!("{:?}", self.data)),
+            ("resumed checkpoint", format!("{:?}", self.resume)),
+            ("initial weights", format!("{:?}", self.init)),
+        ]
     }
 
     fn info(&self) -> RunInfo<'_> {
@@ -193,6 +215,9 @@ pub trait Progress: Send + Sync {
 /// The result of a run.
 #[derive(Debug, Clone)]
 pub struct TrainOutcome {
+    /// The rank this outcome comes from: 0 in-process; this process's rank under MPI, where
+    /// only rank 0 should print.
+    pub rank: usize,
     /// The report (also what `--report` writes).
     pub report: Report,
     /// Validation loss before this run's first step.
@@ -206,14 +231,23 @@ pub struct TrainOutcome {
 type Ad<I> = burn::backend::Autodiff<Rtp<I>>;
 
 struct RankResult {
+    rank: usize,
     losses: Vec<f32>,
     step_ms: Vec<f64>,
     initial_val: f32,
     final_val: f32,
     params: usize,
-    peak: MemoryStats,
+    /// Every rank's memory, gathered on every rank (each process knows only its own).
+    memory: Vec<RankMemory>,
     sample: String,
     checkpoint: Option<PathBuf>,
+}
+
+/// One rank's peaks: the ledger's and the operating system's.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct RankMemory {
+    ledger: PeakBytes,
+    rss: u64,
 }
 
 /// Mean validation loss over `eval_batches` batches, split across ranks.
@@ -320,8 +354,13 @@ pub fn train<I: Backend>(
     let start = resume.as_ref().map_or(0, |(m, _)| m.step);
     let end = start + cfg.steps;
     let per = cfg.batch / world;
-    let rtp = cfg.strategy.rtp_config(cfg.ranks, cfg.rotation);
+    let mut rtp = cfg.strategy.rtp_config(cfg.ranks, cfg.rotation);
+    rtp.transport = cfg.transport;
+    if let Some(timeout) = cfg.peer_timeout {
+        rtp = rtp.with_peer_timeout(timeout);
+    }
     let results = burn_rtp::try_launch_on::<I, _, TrainError, _>(rtp, &inner_device, |device| {
+        device.agree(&cfg.shared_settings())?;
         Ad::<I>::seed(&device, cfg.seed);
         device.reset_memory_peak();
         let rank = device.rank();
@@ -392,7 +431,15 @@ pub fn train<I: Backend>(
                 &optim,
             )?);
         }
-        let peak = device.memory_peak();
+        let own = RankMemory {
+            ledger: PeakBytes::from(device.memory_peak()),
+            rss: burn_rtp::peak_rss_bytes().unwrap_or(0),
+        };
+        let memory = device
+            .all_gather_bytes(&serde_json::to_vec(&own).expect("numbers serialise"))
+            .iter()
+            .map(|b| serde_json::from_slice(b).expect("ranks send what they serialise"))
+            .collect();
         let text = if cfg.sample_bytes > 0 {
             sample(
                 &model.valid(),
@@ -406,12 +453,13 @@ pub fn train<I: Backend>(
             String::new()
         };
         Ok(RankResult {
+            rank,
             losses,
             step_ms,
             initial_val,
             final_val,
             params: model.num_params(),
-            peak,
+            memory,
             sample: text,
             checkpoint,
         })
@@ -433,10 +481,16 @@ pub fn train<I: Backend>(
         final_train_loss: first.losses.last().copied().unwrap_or(f32::NAN) as f64,
         final_val_loss: first.final_val as f64,
         losses: first.losses.iter().map(|&l| l as f64).collect(),
-        peak_bytes_per_rank: results.iter().map(|r| PeakBytes::from(r.peak)).collect(),
+        peak_bytes_per_rank: first.memory.iter().map(|m| m.ledger).collect(),
+        peak_rss_bytes_per_rank: first.memory.iter().map(|m| m.rss).collect(),
+        transport: cfg
+            .transport
+            .unwrap_or_else(TransportKind::from_environment)
+            .to_string(),
         ideal_model_state_bytes_per_rank: (first.params * 4 * 4 / world) as u64,
     };
     Ok(TrainOutcome {
+        rank: first.rank,
         report,
         initial_val_loss: first.initial_val as f64,
         sample: first.sample.clone(),
