@@ -172,6 +172,15 @@ pub fn human_bytes(bytes: u64) -> String {
     }
 }
 
+/// This process's peak resident set (`VmHWM` in `/proc/self/status`): the operating system's
+/// own figure, to stand beside the ledger's. `None` where the kernel does not report it.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -197,13 +206,4 @@ mod tests {
         assert_eq!(human_bytes(1536), "1.50 KiB");
         assert_eq!(human_bytes(3 * 1024 * 1024), "3.00 MiB");
     }
-}
-
-/// This process's peak resident set (`VmHWM` in `/proc/self/status`): the operating system's
-/// own figure, to stand beside the ledger's. `None` where the kernel does not report it.
-pub fn peak_rss_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
 }

@@ -1,0 +1,356 @@
+//! The trainer under `mpirun`, one rank per process (cargo feature `mpi`; needs Open MPI).
+//!
+//! Each test starts this test binary under `mpirun`, running one of the ignored `child_*`
+//! tests below in every process, and checks what the job did from outside: the losses it
+//! wrote, its exit status, what it printed, and how long it took to end.
+#![cfg(feature = "mpi")]
+
+mod common;
+
+use burn_rtp::RotationMode;
+use burn_rtp_examples::{train, Report, StrategyName, TrainConfig};
+use common::tiny;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+type Inner = burn::backend::NdArray;
+
+/// Steps of the equivalence runs.
+const STEPS: usize = 4;
+
+/// The configuration a child trains, read from the variables its parent set.
+fn child_config() -> TrainConfig {
+    let var = |name: &str| std::env::var(name).unwrap_or_else(|_| panic!("{name} is set"));
+    let np: usize = var("OMPI_COMM_WORLD_SIZE").parse().unwrap();
+    let mut cfg = tiny(var("RTP_TEST_STRATEGY").parse().unwrap(), np, STEPS);
+    cfg.rotation = var("RTP_TEST_ROTATION").parse().unwrap();
+    if let Ok(steps) = std::env::var("RTP_TEST_STEPS") {
+        cfg.steps = steps.parse().unwrap();
+    }
+    if let Ok(secs) = std::env::var("RTP_TEST_PEER_TIMEOUT") {
+        cfg.peer_timeout = Some(Duration::from_secs_f64(secs.parse().unwrap()));
+    }
+    cfg
+}
+
+fn mpi_rank() -> usize {
+    burn_rtp::transport::mpi_launch()
+        .expect("started by mpirun")
+        .rank
+}
+
+/// Starts `np` processes of this binary under mpirun, each running the ignored test `child`.
+fn mpirun(np: usize, child: &str, env: &[(&str, String)]) -> Command {
+    let mut cmd = Command::new("mpirun");
+    cmd.args(["--oversubscribe", "--allow-run-as-root", "-np"])
+        .arg(np.to_string())
+        .arg(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            child,
+            "--ignored",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    common::temp_dir(&format!("mpi-{name}"))
+}
+
+#[test]
+#[ignore = "runs under mpirun, started by the tests of this file"]
+fn child_train() {
+    let cfg = child_config();
+    let out = train::<Inner>(&cfg, |_| Default::default(), None)
+        .unwrap_or_else(|e| panic!("rank {}: {e}", mpi_rank()));
+    if out.rank == 0 {
+        let path = std::env::var("RTP_TEST_REPORT").unwrap();
+        std::fs::write(path, serde_json::to_string(&out.report).unwrap()).unwrap();
+    }
+}
+
+#[test]
+#[ignore = "runs under mpirun, started by the tests of this file"]
+fn child_train_until_killed() {
+    let dir = PathBuf::from(std::env::var("RTP_TEST_DIR").unwrap());
+    std::fs::write(
+        dir.join(format!("pid.{}", mpi_rank())),
+        std::process::id().to_string(),
+    )
+    .unwrap();
+    let cfg = child_config();
+    if let Err(e) = train::<Inner>(&cfg, |_| Default::default(), None) {
+        panic!("rank {}: {e}", mpi_rank());
+    }
+}
+
+#[test]
+#[ignore = "runs under mpirun, started by the tests of this file"]
+fn child_disagreeing_seeds() {
+    let mut cfg = child_config();
+    cfg.seed = 42 + mpi_rank() as u64;
+    if let Err(e) = train::<Inner>(&cfg, |_| Default::default(), None) {
+        panic!("{e}");
+    }
+}
+
+#[test]
+#[ignore = "runs under mpirun, started by the tests of this file"]
+fn child_wrong_world_size() {
+    let mut cfg = child_config();
+    cfg.ranks += 1;
+    if let Err(e) = train::<Inner>(&cfg, |_| Default::default(), None) {
+        panic!("{e}");
+    }
+}
+
+fn losses(cfg: &TrainConfig) -> Vec<f64> {
+    let mut cfg = cfg.clone();
+    cfg.transport = Some(burn_rtp::TransportKind::InProcess);
+    train::<Inner>(&cfg, |_| Default::default(), None)
+        .unwrap()
+        .report
+        .losses
+}
+
+fn read_report(path: &Path) -> Report {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// Every strategy at N = 2, 3, 4 processes trains like single-device Burn (1e-5 relative),
+/// and like the same strategy in-process, bit for bit.
+#[test]
+fn mpi_training_matches_single_device_and_in_process() {
+    let dir = temp_dir("equivalence");
+    let single = losses(&tiny(StrategyName::Single, 1, STEPS));
+    let runs = [
+        (StrategyName::Rtp, RotationMode::OutOfPlace),
+        (StrategyName::Rtp, RotationMode::InPlace),
+        (StrategyName::Fsdp, RotationMode::OutOfPlace),
+        (StrategyName::Ddp, RotationMode::OutOfPlace),
+    ];
+    for np in [2, 3, 4] {
+        for (strategy, rotation) in runs {
+            let label = format!("{strategy} {rotation} at -np {np}");
+            let report_path = dir.join(format!("{strategy}-{rotation}-{np}.json"));
+            let out = mpirun(
+                np,
+                "child_train",
+                &[
+                    ("RTP_TEST_STRATEGY", strategy.to_string()),
+                    ("RTP_TEST_ROTATION", rotation.to_string()),
+                    ("RTP_TEST_REPORT", report_path.display().to_string()),
+                ],
+            )
+            .output()
+            .unwrap();
+            assert!(out.status.success(), "{label} failed:\n{}", text(&out));
+            let report = read_report(&report_path);
+            assert_eq!(report.transport, "mpi", "{label}");
+            assert_eq!(report.ranks, np, "{label}");
+            assert_eq!(report.losses.len(), STEPS, "{label}");
+            for (step, (m, s)) in report.losses.iter().zip(&single).enumerate() {
+                let rel = (m - s).abs() / s.abs();
+                assert!(
+                    rel <= 1e-5,
+                    "{label}: step {step} loss {m} vs single-device {s} (relative {rel:.2e})"
+                );
+            }
+            let mut cfg = tiny(strategy, np, STEPS);
+            cfg.rotation = rotation;
+            assert_eq!(
+                report.losses,
+                losses(&cfg),
+                "{label}: MPI and in-process losses differ"
+            );
+            // One process per rank: each reports its own resident set.
+            assert_eq!(report.peak_rss_bytes_per_rank.len(), np, "{label}");
+            assert!(
+                report.peak_rss_bytes_per_rank.iter().all(|&b| b > 0),
+                "{label}: {:?}",
+                report.peak_rss_bytes_per_rank
+            );
+            assert_eq!(report.peak_bytes_per_rank.len(), np, "{label}");
+        }
+    }
+}
+
+/// Waits for the job to end, at most `limit`; returns its output and how long it took.
+fn wait_at_most(child: Child, limit: Duration) -> (Output, Duration) {
+    let started = Instant::now();
+    let id = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(out) => (out.unwrap(), started.elapsed()),
+        Err(_) => {
+            let _ = Command::new("kill").args(["-9", &id.to_string()]).status();
+            panic!("the job was still running {limit:?} after the fault: a hang");
+        }
+    }
+}
+
+/// Waits until every rank wrote its pid, then lets it train a little.
+fn pids(dir: &Path, np: usize) -> Vec<String> {
+    let started = Instant::now();
+    loop {
+        let pids: Vec<_> = (0..np)
+            .filter_map(|r| std::fs::read_to_string(dir.join(format!("pid.{r}"))).ok())
+            .collect();
+        if pids.len() == np {
+            std::thread::sleep(Duration::from_secs(2));
+            return pids;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the ranks did not start"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn long_run(dir: &Path, timeout: &str) -> Vec<(&'static str, String)> {
+    vec![
+        ("RTP_TEST_STRATEGY", "rtp".into()),
+        ("RTP_TEST_ROTATION", "out-of-place".into()),
+        ("RTP_TEST_STEPS", "1000000".into()),
+        ("RTP_TEST_PEER_TIMEOUT", timeout.into()),
+        ("RTP_TEST_DIR", dir.display().to_string()),
+    ]
+}
+
+/// A rank killed with SIGKILL mid-training: the job ends within 30 s, with a non-zero status.
+#[test]
+fn a_killed_rank_ends_the_job_within_30_s() {
+    let dir = temp_dir("kill");
+    let np = 3;
+    let child = mpirun(np, "child_train_until_killed", &long_run(&dir, "120"))
+        .spawn()
+        .unwrap();
+    let pids = pids(&dir, np);
+    let killed = Instant::now();
+    assert!(Command::new("kill")
+        .args(["-9", pids[1].trim()])
+        .status()
+        .unwrap()
+        .success());
+    let (out, _) = wait_at_most(child, Duration::from_secs(60));
+    let took = killed.elapsed();
+    eprintln!(
+        "after SIGKILL of rank 1 the job ended in {took:.1?} with {}",
+        out.status
+    );
+    assert!(
+        !out.status.success(),
+        "the job succeeded after losing a rank:\n{}",
+        text(&out)
+    );
+    assert!(
+        took < Duration::from_secs(30),
+        "the job took {took:?} to end after rank 1 was killed"
+    );
+}
+
+/// A rank that stops answering (SIGSTOP): its peers fail after the peer timeout with an error
+/// that names it, and the job ends.
+#[test]
+fn a_silent_rank_is_a_timeout_naming_it() {
+    let dir = temp_dir("stall");
+    let np = 2;
+    let child = mpirun(np, "child_train_until_killed", &long_run(&dir, "3"))
+        .spawn()
+        .unwrap();
+    let pids = pids(&dir, np);
+    let stopped = Instant::now();
+    assert!(Command::new("kill")
+        .args(["-STOP", pids[1].trim()])
+        .status()
+        .unwrap()
+        .success());
+    let (out, _) = wait_at_most(child, Duration::from_secs(60));
+    let took = stopped.elapsed();
+    let _ = Command::new("kill").args(["-9", pids[1].trim()]).status();
+    let log = text(&out);
+    eprintln!(
+        "after SIGSTOP of rank 1 the job ended in {took:.1?} with {}; rank 0 said: {}",
+        out.status,
+        log.lines()
+            .find(|l| l.contains("waiting for rank 1"))
+            .unwrap_or("(nothing)")
+    );
+    assert!(!out.status.success(), "the job succeeded:\n{log}");
+    assert!(
+        log.contains("rank 0: op") && log.contains("waiting for rank 1"),
+        "no timeout naming rank 1:\n{log}"
+    );
+    assert!(
+        took < Duration::from_secs(30),
+        "the job took {took:?} to end after rank 1 stopped"
+    );
+}
+
+/// Ranks started with different seeds fail, every one of them, before the first step.
+#[test]
+fn ranks_with_different_settings_all_fail_before_training() {
+    let np = 3;
+    let out = mpirun(
+        np,
+        "child_disagreeing_seeds",
+        &[
+            ("RTP_TEST_STRATEGY", "rtp".into()),
+            ("RTP_TEST_ROTATION", "out-of-place".into()),
+        ],
+    )
+    .output()
+    .unwrap();
+    let log = text(&out);
+    assert!(!out.status.success(), "the job succeeded:\n{log}");
+    for rank in 0..np {
+        assert!(
+            log.contains(&format!("rank {rank}: ranks disagree on the seed")),
+            "rank {rank} did not report the disagreement:\n{log}"
+        );
+    }
+}
+
+/// A configured world size that differs from mpirun's `-np` is a typed error, not a hang.
+#[test]
+fn a_world_size_other_than_np_is_an_error() {
+    let out = mpirun(
+        2,
+        "child_wrong_world_size",
+        &[
+            ("RTP_TEST_STRATEGY", "rtp".into()),
+            ("RTP_TEST_ROTATION", "out-of-place".into()),
+        ],
+    )
+    .output()
+    .unwrap();
+    let log = text(&out);
+    assert!(!out.status.success(), "the job succeeded:\n{log}");
+    assert!(
+        log.contains("asks for 3 ranks, but mpirun started 2 processes"),
+        "{log}"
+    );
+}
