@@ -2,6 +2,7 @@
 //! training steps on demand, so benchmarks time steps, not world start-up.
 #![warn(missing_docs)]
 
+pub mod mpi_report;
 pub mod report;
 
 use burn::backend::{Autodiff, NdArray};
@@ -20,7 +21,7 @@ use std::time::Instant;
 type B = Autodiff<Rtp<NdArray>>;
 
 /// A strategy as the benchmarks name it (RTP comes in two rotation modes).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Variant {
     /// One device.
     Single,
@@ -55,7 +56,8 @@ impl Variant {
         }
     }
 
-    fn strategy(self) -> (StrategyName, RotationMode) {
+    /// The trainer strategy and rotation mode of this variant.
+    pub fn strategy(self) -> (StrategyName, RotationMode) {
         match self {
             Variant::Single => (StrategyName::Single, RotationMode::OutOfPlace),
             Variant::Ddp => (StrategyName::Ddp, RotationMode::OutOfPlace),

@@ -463,7 +463,7 @@ mod plots {
         RGBColor(148, 103, 189),
     ];
 
-    fn lines(
+    pub fn lines(
         path: &Path,
         title: &str,
         y_label: &str,
@@ -578,24 +578,29 @@ mod plots {
     }
 
     pub fn capacity(path: &Path, rows: &[CapacityRow]) -> Res {
+        let bars_of: Vec<(&str, f64)> = rows
+            .iter()
+            .map(|r| (r.strategy, r.params as f64 / 1e6))
+            .collect();
+        bars(
+            path,
+            "Largest trainable model under the per-rank cap (N=4)",
+            &bars_of,
+        )
+    }
+
+    /// One bar per named value, in million parameters.
+    pub fn bars(path: &Path, title: &str, rows: &[(&str, f64)]) -> Res {
         let root = SVGBackend::new(path, (720, 440)).into_drawing_area();
         root.fill(&WHITE)?;
-        let y_max = rows
-            .iter()
-            .map(|r| r.params as f64 / 1e6)
-            .fold(0.0, f64::max)
-            * 1.2
-            + 1e-9;
+        let y_max = rows.iter().map(|r| r.1).fold(0.0, f64::max) * 1.2 + 1e-9;
         let mut chart = ChartBuilder::on(&root)
-            .caption(
-                "Largest trainable model under the per-rank cap (N=4)",
-                ("sans-serif", 20),
-            )
+            .caption(title, ("sans-serif", 20))
             .margin(12)
             .x_label_area_size(36)
             .y_label_area_size(70)
             .build_cartesian_2d(-0.5..rows.len().max(1) as f64 - 0.5, 0.0..y_max)?;
-        let names: Vec<&str> = rows.iter().map(|r| r.strategy).collect();
+        let names: Vec<&str> = rows.iter().map(|r| r.0).collect();
         chart
             .configure_mesh()
             .disable_x_mesh()
@@ -612,10 +617,7 @@ mod plots {
             .draw()?;
         chart.draw_series(rows.iter().enumerate().map(|(i, r)| {
             Rectangle::new(
-                [
-                    (i as f64 - 0.35, 0.0),
-                    (i as f64 + 0.35, r.params as f64 / 1e6),
-                ],
+                [(i as f64 - 0.35, 0.0), (i as f64 + 0.35, r.1)],
                 COLORS[(i + 1) % COLORS.len()].filled(),
             )
         }))?;
@@ -623,6 +625,8 @@ mod plots {
         Ok(())
     }
 }
+
+pub(crate) use plots::{bars as plot_bars, lines as plot_lines};
 
 /// Checks that a report JSON has every headline key with a finite value.
 pub fn check_keys(report: &Value) -> Result<(), String> {

@@ -208,6 +208,11 @@ pub(crate) fn agree<B: Backend>(
 ) -> crate::RtpResult<()> {
     let own = serde_json::to_vec(settings).expect("strings serialise");
     let all = all_gather_bytes(ctx, "agree", &own);
+    // Every rank sees every rank's bytes, so this test gives every rank the same verdict;
+    // the loop below only describes the first difference.
+    if all.iter().all(|b| *b == own) {
+        return Ok(());
+    }
     for (peer, theirs) in all.iter().enumerate() {
         let theirs: Vec<(String, String)> =
             serde_json::from_slice(theirs).map_err(|e| crate::RtpError::Transport {
@@ -239,8 +244,15 @@ pub(crate) fn agree<B: Backend>(
         {
             return Err(mismatch(name, "(not set)", v));
         }
+        if all[peer] != own {
+            return Err(mismatch(
+                "settings",
+                &String::from_utf8_lossy(&own),
+                &String::from_utf8_lossy(&all[peer]),
+            ));
+        }
     }
-    Ok(())
+    unreachable!("some rank's settings differ from this rank's")
 }
 
 /// Blocks until every rank reaches the same barrier.

@@ -140,12 +140,13 @@ impl<B: Backend> RtpDevice<B> {
 
     /// Starts (or stops) recording this rank's rotation timeline, clearing what was recorded.
     pub fn record_timeline(&self, on: bool) {
+        self.ctx.transport.record_wire(on);
         self.ctx.timeline.enable(on)
     }
 
     /// The intervals recorded since the last call.
     pub fn take_timeline(&self) -> Vec<crate::timeline::Interval> {
-        self.ctx.timeline.take()
+        self.ctx.timeline.take(self.ctx.transport.take_wire())
     }
 
     /// The configuration of the world.

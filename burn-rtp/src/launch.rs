@@ -222,13 +222,19 @@ where
             ),
         });
     }
-    let device = crate::world::register_device::<B>(
+    let device = match crate::world::register_device::<B>(
         rank,
         0,
         inner_device(rank),
         std::sync::Arc::new(endpoint.clone()),
         config,
-    )?;
+    ) {
+        Ok(device) => device,
+        Err(e) => {
+            Transport::<B::FloatTensorPrimitive>::abort(&endpoint, &e.to_string());
+            return Err(e);
+        }
+    };
     let outcome = run_rank(device, &program);
     match &outcome {
         Ok(_) => Transport::<B::FloatTensorPrimitive>::mark_exited(&endpoint),

@@ -12,6 +12,9 @@ pub enum IntervalKind {
     Compute,
     /// A shard or travelling gradient in transit: from posting the receive to its arrival.
     Transfer,
+    /// Received bytes really moving, by the transport's own clock (MPI: from the moment the
+    /// message was matched to the moment it landed). Posting a receive is not a transfer.
+    Wire,
 }
 
 /// One interval, in seconds since recording started.
@@ -39,9 +42,20 @@ impl Timeline {
         self.on.store(on, Ordering::Release);
     }
 
-    pub(crate) fn take(&self) -> Vec<Interval> {
+    /// The intervals recorded so far, with the transport's `wire` intervals placed on the
+    /// same clock.
+    pub(crate) fn take(&self, wire: Vec<(Instant, Instant)>) -> Vec<Interval> {
         match &mut *self.state.lock().unwrap() {
-            Some((_, v)) => std::mem::take(v),
+            Some((epoch, v)) => {
+                let at = |t: Instant| t.saturating_duration_since(*epoch).as_secs_f64();
+                let mut out = std::mem::take(v);
+                out.extend(wire.into_iter().map(|(start, end)| Interval {
+                    kind: IntervalKind::Wire,
+                    start: at(start),
+                    end: at(end),
+                }));
+                out
+            }
             None => Vec::new(),
         }
     }
@@ -64,7 +78,16 @@ impl Timeline {
 }
 
 /// The fraction of transfer time that overlapped compute (`None` without transfers).
+///
+/// Where the transport logged when bytes were really moving ([`IntervalKind::Wire`]), those
+/// intervals are the transfers; otherwise (in-process, where nothing moves) the waits for a
+/// shard are, which models a transfer rather than measuring one.
 pub fn hidden_transfer_fraction(intervals: &[Interval]) -> Option<f64> {
+    let transfer = if intervals.iter().any(|i| i.kind == IntervalKind::Wire) {
+        IntervalKind::Wire
+    } else {
+        IntervalKind::Transfer
+    };
     let mut compute: Vec<(f64, f64)> = intervals
         .iter()
         .filter(|i| i.kind == IntervalKind::Compute)
@@ -73,10 +96,7 @@ pub fn hidden_transfer_fraction(intervals: &[Interval]) -> Option<f64> {
     compute.sort_by(|a, b| a.0.total_cmp(&b.0));
     let mut total = 0.0;
     let mut hidden = 0.0;
-    for t in intervals
-        .iter()
-        .filter(|i| i.kind == IntervalKind::Transfer)
-    {
+    for t in intervals.iter().filter(|i| i.kind == transfer) {
         total += t.end - t.start;
         for (s, e) in &compute {
             let overlap = t.end.min(*e) - t.start.max(*s);

@@ -1,7 +1,12 @@
 //! Measures RTP beside DDP and FSDP and writes `report.json`, `report.md` and SVG plots.
 //!
 //! `cargo run --release -p burn-rtp-benches --bin scaling-report -- --out DIR`
+//!
+//! With one MPI process per rank (cargo feature `mpi`, Open MPI installed):
+//! `cargo run --release -p burn-rtp-benches --features mpi --bin scaling-report -- --transport mpi --out DIR`
 
+use burn_rtp::TransportKind;
+use burn_rtp_benches::mpi_report::{self, Job, MpiReportConfig};
 use burn_rtp_benches::report::{check_keys, default_out, run, ReportConfig};
 use clap::Parser;
 use std::path::PathBuf;
@@ -23,10 +28,85 @@ struct Cli {
     /// A seconds-long run on a tiny model (for tests).
     #[arg(long)]
     tiny: bool,
+    /// in-process (ranks are threads of this process) | mpi (each strategy as its own
+    /// `mpirun -np N` job).
+    #[arg(long, default_value = "in-process")]
+    transport: TransportKind,
+    /// With `--transport mpi`: small models, one job per cell (a few minutes).
+    #[arg(long)]
+    quick: bool,
+    /// Internal: run one job as this process's rank (started by mpirun).
+    #[arg(long, hide = true)]
+    mpi_worker: Option<String>,
+}
+
+fn main_mpi(cli: &Cli) -> ExitCode {
+    if !cfg!(feature = "mpi") {
+        eprintln!("error: --transport mpi needs `--features mpi` (and Open MPI: apt-get install libopenmpi-dev openmpi-bin libclang-dev)");
+        return ExitCode::FAILURE;
+    }
+    let out = cli.out.clone().unwrap_or_else(default_out);
+    let mut cfg = if cli.quick || cli.tiny {
+        MpiReportConfig::quick(out)
+    } else {
+        MpiReportConfig::full(out)
+    };
+    if let Some(cap) = cli.cap_bytes {
+        cfg.capacity_limit_bytes = cap;
+    }
+    if let Some(r) = cli.repeats {
+        cfg.repeats = r.max(1);
+    }
+    let exe = match std::env::current_exe() {
+        Ok(exe) => exe,
+        Err(e) => {
+            eprintln!("error: cannot find this program to start under mpirun: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let started = std::time::Instant::now();
+    let log = |msg: &str| eprintln!("[{:>6.1} s] {msg}", started.elapsed().as_secs_f64());
+    match mpi_report::run(&cfg, &exe, &log) {
+        Ok(report) => {
+            if let Err(e) = mpi_report::check_keys(&report) {
+                eprintln!("error: incomplete report: {e}");
+                return ExitCode::FAILURE;
+            }
+            println!(
+                "wrote {}/report.json, report.md and 3 SVG plots in {:.0} s",
+                cfg.out.display(),
+                started.elapsed().as_secs_f64()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Some(job) = &cli.mpi_worker {
+        let job: Job = match serde_json::from_str(job) {
+            Ok(job) => job,
+            Err(e) => {
+                eprintln!("error: unreadable job: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        return match mpi_report::worker(&job) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    if cli.transport == TransportKind::Mpi {
+        return main_mpi(&cli);
+    }
     let out = cli.out.unwrap_or_else(default_out);
     let mut cfg = if cli.tiny {
         ReportConfig::tiny(out)

@@ -98,6 +98,14 @@ pub trait Transport<T: Send + 'static>: Send + Sync {
     fn abort(&self, reason: &str);
     /// Tells every rank that this one finished its program.
     fn mark_exited(&self);
+    /// Starts (or stops) logging when received bytes were really moving, by the transport's
+    /// own clock. Transports that hand buffers over without moving bytes log nothing.
+    fn record_wire(&self, _on: bool) {}
+    /// The intervals logged since the last call: from the moment a message's bytes started
+    /// to arrive (MPI matched it) to the moment the last byte landed.
+    fn take_wire(&self) -> Vec<(std::time::Instant, std::time::Instant)> {
+        Vec::new()
+    }
 }
 
 /// This process's place in a job that `mpirun` (or another PMI launcher) started.

@@ -83,10 +83,13 @@ impl Lent {
     fn new(bytes: Vec<u8>) -> Self {
         Self(Box::into_raw(bytes.into_boxed_slice()))
     }
-    /// The buffer as MPI sees it, valid until [`Lent::reclaim`].
-    fn view(&self) -> &'static mut [u8] {
-        // SAFETY: the allocation stays alive until `reclaim`, which runs only after the
-        // request that uses this view completed.
+    /// The buffer as MPI sees it.
+    ///
+    /// # Safety
+    /// Call once per buffer, and hand the view only to the request that [`Lent::reclaim`]
+    /// waits for: the allocation lives until then, and nothing else may touch it.
+    unsafe fn view(&self) -> &'static mut [u8] {
+        // SAFETY: see above.
         unsafe { &mut *self.0 }
     }
     /// Takes the bytes back. Only call once the request that used the view has completed.
@@ -100,8 +103,15 @@ impl Lent {
 struct Active<T> {
     request: Request<'static, [u8], StaticScope>,
     buffer: Lent,
-    done: Reply<T>,
+    /// Taken when a peer's failure was reported to the waiting rank before MPI completed
+    /// the request (the buffer stays lent until MPI does).
+    done: Option<Reply<T>>,
+    /// When its bytes started to move: the send was started, or the receive was matched.
+    since: Instant,
 }
+
+/// When received bytes were moving, while a rank records its timeline.
+type WireLog = Arc<Mutex<Option<Vec<(Instant, Instant)>>>>;
 
 /// The state the communication thread keeps.
 struct Engine {
@@ -112,6 +122,7 @@ struct Engine {
     waiting: Vec<VecDeque<Reply<Vec<u8>>>>,
     receiving: Vec<Active<Vec<u8>>>,
     failed: Option<(usize, String)>,
+    wire: WireLog,
 }
 
 impl Engine {
@@ -130,16 +141,23 @@ impl Engine {
                 bytes,
                 done,
             } => {
+                if let (Some(fault), DATA) = (self.fault(), tag) {
+                    let _ = done.send(Err(fault));
+                    return None;
+                }
                 let buffer = Lent::new(bytes);
+                // SAFETY: the one view of this buffer, lent to this request only.
+                let view = unsafe { buffer.view() };
                 let request = self.world.process_at_rank(to).immediate_send_with_tag(
                     StaticScope,
-                    &*buffer.view(),
+                    &*view,
                     tag,
                 );
                 self.sends.push(Active {
                     request,
                     buffer,
-                    done,
+                    done: Some(done),
+                    since: Instant::now(),
                 });
             }
             Command::Recv { from, done } => match self.fault() {
@@ -164,18 +182,30 @@ impl Engine {
                 };
                 let len = status.count(u8::equivalent_datatype()) as usize;
                 let buffer = Lent::new(vec![0u8; len]);
-                let request = message.immediate_matched_receive_into(StaticScope, buffer.view());
+                // SAFETY: the one view of this buffer, lent to this request only.
+                let request =
+                    message.immediate_matched_receive_into(StaticScope, unsafe { buffer.view() });
                 let done = self.waiting[source].pop_front().expect("checked non-empty");
                 self.receiving.push(Active {
                     request,
                     buffer,
-                    done,
+                    done: Some(done),
+                    since: Instant::now(),
                 });
                 moved = true;
             }
         }
-        moved |= test_all(&mut self.sends, |_| ());
-        moved |= test_all(&mut self.receiving, |bytes| bytes);
+        moved |= test_all(&mut self.sends, |_| (), |_| {});
+        let wire = &self.wire;
+        moved |= test_all(
+            &mut self.receiving,
+            |bytes| bytes,
+            |since| {
+                if let Some(log) = wire.lock().unwrap().as_mut() {
+                    log.push((since, Instant::now()));
+                }
+            },
+        );
         moved
     }
 
@@ -194,11 +224,19 @@ impl Engine {
         if self.failed.is_none() {
             self.failed = Some((peer, String::from_utf8_lossy(&reason).into_owned()));
         }
+        // Everything this rank waits for fails now: receives not yet matched, and transfers
+        // under way (whose buffers stay lent until MPI completes them).
         let fault = self.fault().expect("just set");
         for queue in &mut self.waiting {
             for done in queue.drain(..) {
                 let _ = done.send(Err(fault.clone()));
             }
+        }
+        for done in self.sends.iter_mut().filter_map(|a| a.done.take()) {
+            let _ = done.send(Err(fault.clone()));
+        }
+        for done in self.receiving.iter_mut().filter_map(|a| a.done.take()) {
+            let _ = done.send(Err(fault.clone()));
         }
         true
     }
@@ -213,8 +251,13 @@ impl Engine {
     }
 }
 
-/// Tests each request; completed ones hand their buffer (mapped by `done_value`) to the rank.
-fn test_all<T>(active: &mut Vec<Active<T>>, done_value: impl Fn(Vec<u8>) -> T) -> bool {
+/// Tests each request; completed ones are logged (`completed(since)`) and hand their buffer
+/// (mapped by `done_value`) to the rank.
+fn test_all<T>(
+    active: &mut Vec<Active<T>>,
+    done_value: impl Fn(Vec<u8>) -> T,
+    completed: impl Fn(Instant),
+) -> bool {
     let mut moved = false;
     let mut i = 0;
     while i < active.len() {
@@ -222,10 +265,15 @@ fn test_all<T>(active: &mut Vec<Active<T>>, done_value: impl Fn(Vec<u8>) -> T) -
             request,
             buffer,
             done,
+            since,
         } = active.swap_remove(i);
         match request.test() {
             Ok(_) => {
-                let _ = done.send(Ok(done_value(buffer.reclaim())));
+                completed(since);
+                let bytes = buffer.reclaim();
+                if let Some(done) = done {
+                    let _ = done.send(Ok(done_value(bytes)));
+                }
                 moved = true;
             }
             Err(request) => {
@@ -234,6 +282,7 @@ fn test_all<T>(active: &mut Vec<Active<T>>, done_value: impl Fn(Vec<u8>) -> T) -
                     request,
                     buffer,
                     done,
+                    since,
                 });
                 active.swap(i, last);
                 i += 1;
@@ -244,7 +293,7 @@ fn test_all<T>(active: &mut Vec<Active<T>>, done_value: impl Fn(Vec<u8>) -> T) -
 }
 
 /// Runs MPI on this thread until asked to finalise.
-fn run(commands: Receiver<Command>, ready: Sender<Result<(usize, usize), String>>) {
+fn run(commands: Receiver<Command>, ready: Sender<Result<(usize, usize), String>>, wire: WireLog) {
     let Some((universe, threading)) = mpi::initialize_with_threading(mpi::Threading::Funneled)
     else {
         let _ = ready.send(Err(
@@ -268,10 +317,11 @@ fn run(commands: Receiver<Command>, ready: Sender<Result<(usize, usize), String>
         waiting: (0..size).map(|_| VecDeque::new()).collect(),
         receiving: Vec::new(),
         failed: None,
+        wire,
     };
     let _ = ready.send(Ok((rank, size)));
     let mut idle = Duration::from_micros(1);
-    let finalize = loop {
+    let finalize: Option<Sender<()>> = loop {
         let busy = !engine.sends.is_empty()
             || !engine.receiving.is_empty()
             || engine.waiting.iter().any(|q| !q.is_empty());
@@ -292,7 +342,14 @@ fn run(commands: Receiver<Command>, ready: Sender<Result<(usize, usize), String>
                 }
             }
             Err(RecvTimeoutError::Timeout) => {}
-            Err(RecvTimeoutError::Disconnected) => break None,
+            Err(RecvTimeoutError::Disconnected) => {
+                // The rank dropped its transport without finalising (it failed): leave MPI
+                // as it is, so that mpirun ends the job when this process exits. Requests
+                // still in flight must not be dropped (rsmpi panics), so they are forgotten.
+                std::mem::forget(engine);
+                std::mem::forget(universe);
+                return;
+            }
         }
         if engine.progress() {
             idle = Duration::from_micros(1);
@@ -321,6 +378,7 @@ pub struct MpiTransport {
     commands: Mutex<Option<Sender<Command>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
     finalized: AtomicBool,
+    wire: WireLog,
 }
 
 impl std::fmt::Debug for MpiTransport {
@@ -334,9 +392,11 @@ impl MpiTransport {
     pub fn start(peer_timeout: Duration) -> RtpResult<Self> {
         let (commands, inbox) = mpsc::channel();
         let (ready, started) = mpsc::channel();
+        let wire = WireLog::default();
+        let log = wire.clone();
         let thread = std::thread::Builder::new()
             .name("rtp-mpi".into())
-            .spawn(move || run(inbox, ready))
+            .spawn(move || run(inbox, ready, log))
             .map_err(|e| transport_error(0, "MPI_Init", e.to_string()))?;
         let (rank, size) = match started.recv() {
             Ok(Ok(world)) => world,
@@ -356,6 +416,7 @@ impl MpiTransport {
             commands: Mutex::new(Some(commands)),
             thread: Mutex::new(Some(thread)),
             finalized: AtomicBool::new(false),
+            wire,
         })
     }
 
@@ -551,6 +612,7 @@ impl<T: Send + 'static> Transport<T> for MpiEndpoint {
         payload: Payload<T>,
     ) -> RtpResult<Box<dyn SendHandle>> {
         let op = header.op.to_string();
+        crate::launch::check_rank(to, self.0.size)?;
         let Payload::Host(data) = payload else {
             return Err(transport_error(
                 self.0.rank,
@@ -588,6 +650,7 @@ impl<T: Send + 'static> Transport<T> for MpiEndpoint {
     }
 
     fn irecv(&self, from: usize, expect: Header) -> RtpResult<Box<dyn RecvHandle<T>>> {
+        crate::launch::check_rank(from, self.0.size)?;
         let (done, reply) = mpsc::channel();
         self.0.submit(
             Command::Recv {
@@ -607,7 +670,17 @@ impl<T: Send + 'static> Transport<T> for MpiEndpoint {
     fn abort(&self, reason: &str) {
         // Every other rank learns who failed and why, and stops waiting; the notices are
         // small (sent eagerly), so they leave before this process exits.
-        let notice = reason.to_string();
+        // Capped well under Open MPI's eager limit, so that the notice never waits for its
+        // receiver to post.
+        let mut notice = reason.to_string();
+        if notice.len() > 1000 {
+            let mut cut = 1000;
+            while !notice.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            notice.truncate(cut);
+            notice.push('…');
+        }
         let mut replies = Vec::new();
         for peer in (0..self.0.size).filter(|&p| p != self.0.rank) {
             let (done, reply) = mpsc::channel();
@@ -624,8 +697,9 @@ impl<T: Send + 'static> Transport<T> for MpiEndpoint {
                 replies.push(reply);
             }
         }
+        let deadline = Instant::now() + Duration::from_secs(2);
         for reply in replies {
-            let _ = reply.recv_timeout(Duration::from_secs(2));
+            let _ = reply.recv_timeout(deadline.saturating_duration_since(Instant::now()));
         }
     }
 
@@ -633,5 +707,19 @@ impl<T: Send + 'static> Transport<T> for MpiEndpoint {
         if let Err(e) = self.0.finalize() {
             tracing::warn!("rtp: {e}");
         }
+    }
+
+    fn record_wire(&self, on: bool) {
+        *self.0.wire.lock().unwrap() = on.then(Vec::new);
+    }
+
+    fn take_wire(&self) -> Vec<(Instant, Instant)> {
+        self.0
+            .wire
+            .lock()
+            .unwrap()
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
     }
 }

@@ -1,0 +1,585 @@
+//! `scaling-report --transport mpi`: every strategy runs as its own `mpirun -np N` job, one
+//! rank per process, strategies alternating, and the figures come from those processes: step
+//! times between barriers, the ledger's peak beside the OS's peak resident set (`VmHWM`), the
+//! share of the time bytes were really moving (by the MPI transport's clock) that ran during
+//! compute, and the largest model that trains under a real per-process address-space limit
+//! (`prlimit --as`).
+
+use crate::{median, Variant};
+use burn::backend::{Autodiff, NdArray};
+use burn::module::Module;
+use burn::optim::{AdamConfig, GradientsParams, Optimizer};
+use burn::tensor::backend::Backend;
+use burn_rtp::{human_bytes, Rtp, RtpOptimizer};
+use burn_rtp_examples::data::{Corpus, Windows};
+use burn_rtp_examples::{Gpt, GptConfig};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+type B = Autodiff<Rtp<NdArray>>;
+
+/// One job: what a worker process trains and measures.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Job {
+    /// The strategy.
+    pub variant: Variant,
+    /// The model.
+    pub model: GptConfig,
+    /// Sequences per rank per step.
+    pub batch_per_rank: usize,
+    /// Untimed steps first.
+    pub warmup: usize,
+    /// Timed steps.
+    pub steps: usize,
+    /// Where rank 0 writes the [`JobResult`].
+    pub out: PathBuf,
+}
+
+/// What one job measured, gathered from every rank by rank 0.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JobResult {
+    /// Parameters of the model.
+    pub params: usize,
+    /// Wall time of each timed step, barrier to barrier, in seconds.
+    pub step_s: Vec<f64>,
+    /// Each rank's ledger peak (everything the decorator holds), in bytes.
+    pub ledger_peak_bytes: Vec<u64>,
+    /// Each rank's process peak resident set (`VmHWM`), in bytes.
+    pub peak_rss_bytes: Vec<u64>,
+    /// Each rank's share of wire time hidden behind compute (`None`: no compute intervals,
+    /// as in DDP and FSDP, which do not rotate).
+    pub overlap: Vec<Option<f64>>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct RankFigures {
+    ledger: u64,
+    rss: u64,
+    overlap: Option<f64>,
+}
+
+/// Runs `job` as this process's rank of an MPI job (inside `mpirun`).
+pub fn worker(job: &Job) -> Result<(), String> {
+    let launched =
+        burn_rtp::transport::mpi_launch().ok_or("the MPI worker must be started by mpirun")?;
+    let (strategy, rotation) = job.variant.strategy();
+    let config = strategy.rtp_config(launched.size, rotation);
+    let corpus = Corpus::load(None, job.model.seq).map_err(|e| e.to_string())?;
+    let results = burn_rtp::launch::<NdArray, _, _>(config, |device| {
+        B::seed(&device, 7);
+        let (rank, per) = (device.rank(), job.batch_per_rank);
+        let mut model: Gpt<B> = job.model.init::<B>(&device);
+        let mut optim = RtpOptimizer::new(AdamConfig::new().init::<B, Gpt<B>>());
+        let mut step_s = Vec::new();
+        for step in 0..job.warmup + job.steps {
+            if step == job.warmup {
+                device.record_timeline(true);
+            }
+            device.barrier();
+            let t0 = Instant::now();
+            let (x, y) = Windows::train(
+                &corpus,
+                7,
+                step,
+                rank * per..(rank + 1) * per,
+                job.model.seq,
+            )
+            .tensors::<B>(&device);
+            let loss = model.loss(x, y);
+            let grads = GradientsParams::from_grads(loss.backward(), &model);
+            model = optim.step(1e-3, model, grads);
+            // Steps end together: the slowest rank sets the step time.
+            device.barrier();
+            if step >= job.warmup {
+                step_s.push(t0.elapsed().as_secs_f64());
+            }
+        }
+        let timeline = device.take_timeline();
+        device.record_timeline(false);
+        let own = RankFigures {
+            ledger: device.memory_peak().total,
+            rss: burn_rtp::peak_rss_bytes().unwrap_or(0),
+            overlap: burn_rtp::timeline::hidden_transfer_fraction(&timeline),
+        };
+        let all: Vec<RankFigures> = device
+            .all_gather_bytes(&serde_json::to_vec(&own).expect("numbers serialise"))
+            .iter()
+            .map(|b| serde_json::from_slice(b).expect("ranks send what they serialise"))
+            .collect();
+        (rank == 0).then(|| JobResult {
+            params: model.num_params(),
+            step_s,
+            ledger_peak_bytes: all.iter().map(|f| f.ledger).collect(),
+            peak_rss_bytes: all.iter().map(|f| f.rss).collect(),
+            overlap: all.iter().map(|f| f.overlap).collect(),
+        })
+    })
+    .map_err(|e| e.to_string())?;
+    if let Some(result) = results.into_iter().flatten().next() {
+        std::fs::write(&job.out, serde_json::to_vec(&result).expect("serialisable"))
+            .map_err(|e| format!("cannot write {}: {e}", job.out.display()))?;
+    }
+    Ok(())
+}
+
+/// One benchmark configuration of the issue's table.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Its name in keys and tables (`a`, `b`).
+    pub name: &'static str,
+    /// The model.
+    pub model: GptConfig,
+    /// Sequences per rank per step.
+    pub batch_per_rank: usize,
+}
+
+/// What the MPI report measures.
+#[derive(Debug, Clone)]
+pub struct MpiReportConfig {
+    /// Output folder.
+    pub out: PathBuf,
+    /// Configurations A and B.
+    pub configs: Vec<Config>,
+    /// World sizes (processes).
+    pub ranks: Vec<usize>,
+    /// Jobs per strategy and cell (strategies alternate between jobs).
+    pub repeats: usize,
+    /// Untimed steps per job.
+    pub warmup: usize,
+    /// Timed steps per job.
+    pub steps: usize,
+    /// Per-process address-space limit of the capacity search, in bytes.
+    pub capacity_limit_bytes: u64,
+    /// Models the capacity search tries, smallest first.
+    pub capacity_candidates: Vec<GptConfig>,
+}
+
+impl MpiReportConfig {
+    /// The issue's configurations: A (d_model 256, 4 layers, 4 heads, context 64, 8
+    /// sequences per rank) and B (d_model 768, 6 layers, 12 heads, context 16, 2 per rank).
+    pub fn full(out: PathBuf) -> Self {
+        Self {
+            out,
+            configs: vec![
+                Config {
+                    name: "a",
+                    model: GptConfig::new(64, 256, 4, 4),
+                    batch_per_rank: 8,
+                },
+                Config {
+                    name: "b",
+                    model: GptConfig::new(16, 768, 6, 12),
+                    batch_per_rank: 2,
+                },
+            ],
+            ranks: vec![2, 4],
+            repeats: 3,
+            warmup: 1,
+            steps: 3,
+            capacity_limit_bytes: 768 << 20,
+            capacity_candidates: crate::report::capacity_candidates(8, 256, 4096),
+        }
+    }
+
+    /// Small models, one job per cell: a few minutes on two cores (CI).
+    pub fn quick(out: PathBuf) -> Self {
+        Self {
+            out,
+            configs: vec![
+                Config {
+                    name: "a",
+                    model: GptConfig::new(16, 32, 1, 4),
+                    batch_per_rank: 2,
+                },
+                Config {
+                    name: "b",
+                    model: GptConfig::new(8, 96, 1, 4),
+                    batch_per_rank: 1,
+                },
+            ],
+            ranks: vec![2, 4],
+            repeats: 1,
+            warmup: 1,
+            steps: 2,
+            capacity_limit_bytes: 320 << 20,
+            capacity_candidates: crate::report::capacity_candidates(8, 64, 1024),
+        }
+    }
+}
+
+/// The strategies of the MPI report, in their first order.
+const STRATEGIES: [Variant; 3] = [Variant::Ddp, Variant::Fsdp, Variant::RtpOutOfPlace];
+
+/// Runs `job` under `mpirun -np ranks` (optionally under `prlimit --as`); `Ok(None)` when the
+/// job failed, which the capacity search reads as "does not fit".
+fn run_job(
+    exe: &Path,
+    ranks: usize,
+    job: &Job,
+    as_limit: Option<u64>,
+) -> Result<Option<JobResult>, String> {
+    let _ = std::fs::remove_file(&job.out);
+    let mut cmd = Command::new("mpirun");
+    cmd.args(["--oversubscribe", "--allow-run-as-root", "-np"])
+        .arg(ranks.to_string());
+    if let Some(limit) = as_limit {
+        cmd.arg("prlimit").arg(format!("--as={limit}"));
+    }
+    cmd.arg(exe)
+        .arg("--mpi-worker")
+        .arg(serde_json::to_string(job).expect("serialisable"))
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    let out = cmd
+        .output()
+        .map_err(|e| format!("cannot start mpirun (is Open MPI installed?): {e}"))?;
+    if !out.status.success() {
+        if as_limit.is_none() {
+            return Err(format!(
+                "{} at -np {ranks} failed ({}):\n{}",
+                job.variant.name(),
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+                    .lines()
+                    .rev()
+                    .take(15)
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            ));
+        }
+        return Ok(None);
+    }
+    let text = std::fs::read(&job.out)
+        .map_err(|e| format!("the job wrote no result ({}): {e}", job.out.display()))?;
+    serde_json::from_slice(&text)
+        .map(Some)
+        .map_err(|e| e.to_string())
+}
+
+/// Median and spread (min, max) of a sample.
+fn summary(values: &[f64]) -> Value {
+    let min = values.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    json!({ "median": median(values), "min": min, "max": max, "samples": values.len() })
+}
+
+#[derive(Default)]
+struct Cell {
+    step_ms: Vec<f64>,
+    rss: Vec<f64>,
+    ledger: Vec<f64>,
+    overlap: Vec<f64>,
+    params: usize,
+}
+
+/// Runs every job and writes `report.json`, `report.md` and the SVG plots; `exe` is the
+/// `scaling-report` binary, which `mpirun` starts in worker mode.
+pub fn run(
+    cfg: &MpiReportConfig,
+    exe: &Path,
+    log: &dyn Fn(&str),
+) -> Result<Value, Box<dyn std::error::Error>> {
+    std::fs::create_dir_all(&cfg.out)?;
+    let scratch = cfg.out.join("jobs");
+    std::fs::create_dir_all(&scratch)?;
+    let mut cells: std::collections::BTreeMap<(&str, usize, &str), Cell> = Default::default();
+    for c in &cfg.configs {
+        for &n in &cfg.ranks {
+            for repeat in 0..cfg.repeats {
+                let mut order = STRATEGIES;
+                order.rotate_left(repeat % STRATEGIES.len());
+                for variant in order {
+                    let job = Job {
+                        variant,
+                        model: c.model.clone(),
+                        batch_per_rank: c.batch_per_rank,
+                        warmup: cfg.warmup,
+                        steps: cfg.steps,
+                        out: scratch.join(format!("{}-{n}-{}.json", c.name, variant.name())),
+                    };
+                    let r = run_job(exe, n, &job, None)?.expect("failures are errors here");
+                    let step = median(&r.step_s) * 1e3;
+                    let rss = r.peak_rss_bytes.iter().copied().max().unwrap_or(0);
+                    let ledger = r.ledger_peak_bytes.iter().copied().max().unwrap_or(0);
+                    log(&format!(
+                        "config {} N={n} {:<7} step {step:>8.1} ms, peak RSS {} (ledger {})",
+                        c.name.to_uppercase(),
+                        variant.name(),
+                        human_bytes(rss),
+                        human_bytes(ledger)
+                    ));
+                    let cell = cells.entry((c.name, n, variant.name())).or_default();
+                    cell.step_ms.push(step);
+                    cell.rss.push(rss as f64);
+                    cell.ledger.push(ledger as f64);
+                    let hidden: Vec<f64> = r.overlap.iter().flatten().copied().collect();
+                    if !hidden.is_empty() {
+                        cell.overlap
+                            .push(hidden.iter().sum::<f64>() / hidden.len() as f64);
+                    }
+                    cell.params = r.params;
+                }
+            }
+        }
+    }
+    let med = |c: &str, n: usize, v: Variant, pick: &dyn Fn(&Cell) -> &Vec<f64>| {
+        cells
+            .get(&(c, n, v.name()))
+            .map_or(f64::NAN, |cell| median(pick(cell)))
+    };
+    let step = |c, n, v| med(c, n, v, &|cell| &cell.step_ms);
+    let rss = |c, n, v| med(c, n, v, &|cell| &cell.rss);
+    let mut headline = serde_json::Map::new();
+    for c in ["a", "b"] {
+        for n in [2, 4] {
+            headline.insert(
+                format!("mpi_rtp_over_ddp_step_{c}_n{n}"),
+                json!(step(c, n, Variant::RtpOutOfPlace) / step(c, n, Variant::Ddp)),
+            );
+        }
+        headline.insert(
+            format!("mpi_rtp_over_fsdp_step_{c}_n4"),
+            json!(step(c, 4, Variant::RtpOutOfPlace) / step(c, 4, Variant::Fsdp)),
+        );
+    }
+    headline.insert(
+        "mpi_rtp_over_ddp_rss_b_n4".into(),
+        json!(rss("b", 4, Variant::RtpOutOfPlace) / rss("b", 4, Variant::Ddp)),
+    );
+    headline.insert(
+        "mpi_overlap_fraction_b_n4".into(),
+        json!(med("b", 4, Variant::RtpOutOfPlace, &|cell| &cell.overlap)),
+    );
+
+    // Capacity: the largest candidate that trains 3 steps under the per-process limit.
+    let capacity_n = 4;
+    let mut capacity = Vec::new();
+    for variant in [Variant::Ddp, Variant::RtpOutOfPlace] {
+        let fits = |model: &GptConfig| -> Result<Option<usize>, String> {
+            let job = Job {
+                variant,
+                model: model.clone(),
+                batch_per_rank: 1,
+                warmup: 0,
+                steps: 3,
+                out: scratch.join(format!("capacity-{}.json", variant.name())),
+            };
+            let r = run_job(exe, capacity_n, &job, Some(cfg.capacity_limit_bytes))?;
+            log(&format!(
+                "capacity {:<7} d_model {:>5}, {} layer(s) under {} per process: {}",
+                variant.name(),
+                model.d_model,
+                model.layers,
+                human_bytes(cfg.capacity_limit_bytes),
+                if r.is_some() { "trains" } else { "fails" }
+            ));
+            Ok(r.map(|r| r.params))
+        };
+        let c = &cfg.capacity_candidates;
+        let (mut lo, mut hi, mut best) = (0usize, c.len(), None);
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            match fits(&c[mid])? {
+                Some(params) => {
+                    best = Some((c[mid].clone(), params));
+                    lo = mid + 1;
+                }
+                None => hi = mid,
+            }
+        }
+        let Some((model, params)) = best else {
+            return Err(format!(
+                "{}: not even the smallest candidate trains under {} per process",
+                variant.name(),
+                human_bytes(cfg.capacity_limit_bytes)
+            )
+            .into());
+        };
+        if fits(&c[0])?.is_none() {
+            return Err(format!(
+                "{}: the smallest candidate failed on a re-run: the limit, not the model, decides",
+                variant.name()
+            )
+            .into());
+        }
+        capacity.push((variant, model, params));
+    }
+    headline.insert(
+        "mpi_capacity_rtp_over_ddp_n4".into(),
+        json!(capacity[1].2 as f64 / capacity[0].2 as f64),
+    );
+
+    let mut details = Vec::new();
+    for ((c, n, v), cell) in &cells {
+        details.push(json!({
+            "config": c, "ranks": n, "strategy": v, "params": cell.params,
+            "step_ms": summary(&cell.step_ms),
+            "peak_rss_bytes": summary(&cell.rss),
+            "ledger_peak_bytes": summary(&cell.ledger),
+            "overlap_fraction": if cell.overlap.is_empty() { Value::Null } else { summary(&cell.overlap) },
+        }));
+    }
+    let mut report = Value::Object(headline);
+    report["cells"] = json!(details);
+    report["capacity"] = json!(capacity
+        .iter()
+        .map(|(v, m, p)| json!({"strategy": v.name(), "ranks": capacity_n, "d_model": m.d_model, "layers": m.layers, "params": p}))
+        .collect::<Vec<_>>());
+    report["capacity_limit_bytes_per_process"] = json!(cfg.capacity_limit_bytes);
+    report["machine_note"] = json!(format!(
+        "{} processes per job on {} cores: ranks share cores, so step times include time-slicing; \
+         RSS is each process's VmHWM; overlap uses the MPI transport's own timestamps of when received bytes were moving",
+        cfg.ranks.iter().max().unwrap_or(&0),
+        std::thread::available_parallelism().map_or(0, |p| p.get())
+    ));
+    std::fs::write(
+        cfg.out.join("report.json"),
+        serde_json::to_string_pretty(&report)?,
+    )?;
+    std::fs::write(cfg.out.join("report.md"), markdown(cfg, &report, &cells))?;
+    plots(cfg, &cells, &capacity)?;
+    Ok(report)
+}
+
+/// The issue's targets: (key, target, whether lower is better).
+const TARGETS: [(&str, f64, bool); 9] = [
+    ("mpi_rtp_over_ddp_rss_b_n4", 0.40, true),
+    ("mpi_rtp_over_ddp_step_a_n2", 1.05, true),
+    ("mpi_rtp_over_ddp_step_a_n4", 1.05, true),
+    ("mpi_rtp_over_ddp_step_b_n2", 1.05, true),
+    ("mpi_rtp_over_ddp_step_b_n4", 1.05, true),
+    ("mpi_rtp_over_fsdp_step_a_n4", 1.00, true),
+    ("mpi_rtp_over_fsdp_step_b_n4", 1.00, true),
+    ("mpi_capacity_rtp_over_ddp_n4", 3.5, false),
+    ("mpi_overlap_fraction_b_n4", 0.8, false),
+];
+
+fn markdown(
+    cfg: &MpiReportConfig,
+    report: &Value,
+    cells: &std::collections::BTreeMap<(&str, usize, &str), Cell>,
+) -> String {
+    let mut md = String::from("# Scaling report: one MPI process per rank\n\n");
+    md += &format!(
+        "Each cell is {} job(s) of `mpirun -np N`, strategies alternating; a job times {} step(s) after {} warm-up step(s), barrier to barrier. Medians, with the spread (min–max) across jobs.\n\n",
+        cfg.repeats, cfg.steps, cfg.warmup
+    );
+    md += "| figure | measured | target | verdict |\n|---|---|---|---|\n";
+    for (key, target, lower) in TARGETS {
+        let v = report[key].as_f64().unwrap_or(f64::NAN);
+        let met = if lower { v <= target } else { v >= target };
+        let verdict = if met {
+            "met".to_string()
+        } else if lower {
+            format!("missed by {:.0}%", (v / target - 1.0) * 100.0)
+        } else {
+            format!("missed: {:.0}% of target", v / target * 100.0)
+        };
+        let bound = if lower { "≤" } else { "≥" };
+        md += &format!("| `{key}` | {v:.3} | {bound} {target} | {verdict} |\n");
+    }
+    md += "\n| config | N | strategy | params | step (ms) median [min–max] | peak RSS / process | ledger peak | overlap |\n|---|---|---|---|---|---|---|---|\n";
+    for ((c, n, v), cell) in cells {
+        let span = |x: &[f64]| {
+            let lo = x.iter().copied().fold(f64::INFINITY, f64::min);
+            let hi = x.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            format!("{:.1} [{lo:.1}–{hi:.1}]", median(x))
+        };
+        md += &format!(
+            "| {} | {n} | {v} | {} | {} | {} | {} | {} |\n",
+            c.to_uppercase(),
+            cell.params,
+            span(&cell.step_ms),
+            human_bytes(median(&cell.rss) as u64),
+            human_bytes(median(&cell.ledger) as u64),
+            if cell.overlap.is_empty() {
+                "–".into()
+            } else {
+                format!("{:.2}", median(&cell.overlap))
+            }
+        );
+    }
+    md += &format!(
+        "\nCapacity: the largest candidate model that trains 3 steps at N=4 with every process under `prlimit --as={}` ({}).\n\n",
+        cfg.capacity_limit_bytes,
+        human_bytes(cfg.capacity_limit_bytes)
+    );
+    for c in report["capacity"].as_array().into_iter().flatten() {
+        md += &format!(
+            "* {}: d_model {}, {} layer(s), {} parameters\n",
+            c["strategy"].as_str().unwrap_or("?"),
+            c["d_model"],
+            c["layers"],
+            c["params"]
+        );
+    }
+    md += &format!(
+        "\n## Notes\n\n* {}.\n* The ledger counts what the decorator holds; the RSS also holds the allocator's free lists, the inner backend's buffers, the MPI library and the program itself.\n\nPlots: `mpi_step_time.svg`, `mpi_rss.svg`, `mpi_capacity.svg`.\n",
+        report["machine_note"].as_str().unwrap_or("")
+    );
+    md
+}
+
+fn plots(
+    cfg: &MpiReportConfig,
+    cells: &std::collections::BTreeMap<(&str, usize, &str), Cell>,
+    capacity: &[(Variant, GptConfig, usize)],
+) -> Result<(), Box<dyn std::error::Error>> {
+    let ranks = &cfg.ranks;
+    let series = |metric: &dyn Fn(&Cell) -> f64, only: Option<&str>| {
+        let mut out = Vec::new();
+        for c in &cfg.configs {
+            if only.is_some_and(|o| o != c.name) {
+                continue;
+            }
+            for v in STRATEGIES {
+                let pts = ranks
+                    .iter()
+                    .filter_map(|&n| {
+                        cells
+                            .get(&(c.name, n, v.name()))
+                            .map(|cell| (n, metric(cell)))
+                    })
+                    .collect();
+                out.push((format!("{} {}", c.name.to_uppercase(), v.name()), pts));
+            }
+        }
+        out
+    };
+    crate::report::plot_lines(
+        &cfg.out.join("mpi_step_time.svg"),
+        "Step time, one MPI process per rank",
+        "ms",
+        ranks,
+        &series(&|cell| median(&cell.step_ms), None),
+    )?;
+    crate::report::plot_lines(
+        &cfg.out.join("mpi_rss.svg"),
+        "Peak resident set per process (config B)",
+        "MiB",
+        ranks,
+        &series(&|cell| median(&cell.rss) / (1024.0 * 1024.0), Some("b")),
+    )?;
+    crate::report::plot_bars(
+        &cfg.out.join("mpi_capacity.svg"),
+        "Largest model that trains under a per-process limit (N=4)",
+        &capacity
+            .iter()
+            .map(|(v, _, p)| (v.name(), *p as f64 / 1e6))
+            .collect::<Vec<_>>(),
+    )
+}
+
+/// Checks that an MPI report has every headline key with a finite value.
+pub fn check_keys(report: &Value) -> Result<(), String> {
+    for (key, _, _) in TARGETS {
+        match report.get(key).and_then(Value::as_f64) {
+            Some(v) if v.is_finite() => {}
+            other => return Err(format!("{key} is {other:?}")),
+        }
+    }
+    Ok(())
+}
