@@ -1,7 +1,7 @@
 //! Point-to-point transport between the ranks of a ring, plus the abort signal.
 //!
 //! Collectives (all-gather, all-reduce, barrier) are built on top of these primitives in
-//! [`crate::collectives`], so a new transport (MPI, NCCL) only has to move buffers.
+//! `crate::collectives`, so a new transport (MPI, NCCL) only has to move buffers.
 
 mod in_process;
 #[cfg(feature = "mpi")]
