@@ -31,6 +31,10 @@ const DATA: i32 = 0;
 const ABORT: i32 = 1;
 /// Longest sleep of the communication thread between two tests of its requests.
 const MAX_IDLE: Duration = Duration::from_micros(200);
+/// How long after a peer's abort notice transfers with the other peers may still complete:
+/// data already on its way (e.g. the rest of the start-up agreement, which lets every rank
+/// report the disagreement itself) is delivered, then everything pending fails.
+const GRACE: Duration = Duration::from_secs(1);
 /// How often a waiting rank wakes to check for its timeout.
 const WAKE: Duration = Duration::from_millis(100);
 
@@ -122,6 +126,8 @@ struct Engine {
     waiting: Vec<VecDeque<Reply<Vec<u8>>>>,
     receiving: Vec<Active<Vec<u8>>>,
     failed: Option<(usize, String)>,
+    /// When pending transfers fail after an abort notice.
+    fail_at: Option<Instant>,
     wire: WireLog,
 }
 
@@ -141,10 +147,6 @@ impl Engine {
                 bytes,
                 done,
             } => {
-                if let (Some(fault), DATA) = (self.fault(), tag) {
-                    let _ = done.send(Err(fault));
-                    return None;
-                }
                 let buffer = Lent::new(bytes);
                 // SAFETY: the one view of this buffer, lent to this request only.
                 let view = unsafe { buffer.view() };
@@ -160,20 +162,27 @@ impl Engine {
                     since: Instant::now(),
                 });
             }
-            Command::Recv { from, done } => match self.fault() {
-                Some(f) => {
+            Command::Recv { from, done } => match (self.fault(), self.grace_over()) {
+                (Some(f), true) => {
                     let _ = done.send(Err(f));
                 }
-                None => self.waiting[from as usize].push_back(done),
+                _ => self.waiting[from as usize].push_back(done),
             },
             Command::Finalize { done } => return Some(done),
         }
         None
     }
 
+    fn grace_over(&self) -> bool {
+        self.fail_at.is_some_and(|t| Instant::now() >= t)
+    }
+
     /// Tests every request once; returns whether anything happened.
     fn progress(&mut self) -> bool {
         let mut moved = self.take_abort_notices();
+        if self.grace_over() {
+            moved |= self.fail_pending();
+        }
         for source in 0..self.waiting.len() {
             while !self.waiting[source].is_empty() {
                 let process = self.world.process_at_rank(source as i32);
@@ -223,22 +232,38 @@ impl Engine {
         message.matched_receive_into(&mut reason[..]);
         if self.failed.is_none() {
             self.failed = Some((peer, String::from_utf8_lossy(&reason).into_owned()));
+            self.fail_at = Some(Instant::now() + GRACE);
         }
-        // Everything this rank waits for fails now: receives not yet matched, and transfers
-        // under way (whose buffers stay lent until MPI completes them).
+        // Nothing more will come from the failed rank; the others get the grace period.
         let fault = self.fault().expect("just set");
+        for done in self.waiting[peer].drain(..) {
+            let _ = done.send(Err(fault.clone()));
+        }
+        true
+    }
+
+    /// Fails everything this rank still waits for: receives not yet matched, and transfers
+    /// under way (whose buffers stay lent until MPI completes them).
+    fn fail_pending(&mut self) -> bool {
+        let Some(fault) = self.fault() else {
+            return false;
+        };
+        let mut failed = false;
         for queue in &mut self.waiting {
             for done in queue.drain(..) {
                 let _ = done.send(Err(fault.clone()));
+                failed = true;
             }
         }
         for done in self.sends.iter_mut().filter_map(|a| a.done.take()) {
             let _ = done.send(Err(fault.clone()));
+            failed = true;
         }
         for done in self.receiving.iter_mut().filter_map(|a| a.done.take()) {
             let _ = done.send(Err(fault.clone()));
+            failed = true;
         }
-        true
+        failed
     }
 
     /// Completes what is in flight (sends must finish before MPI may be finalised).
@@ -317,6 +342,7 @@ fn run(commands: Receiver<Command>, ready: Sender<Result<(usize, usize), String>
         waiting: (0..size).map(|_| VecDeque::new()).collect(),
         receiving: Vec::new(),
         failed: None,
+        fail_at: None,
         wire,
     };
     let _ = ready.send(Ok((rank, size)));
