@@ -104,11 +104,7 @@ pub fn worker(job: &Job) -> Result<(), String> {
             rss: burn_rtp::peak_rss_bytes().unwrap_or(0),
             overlap: burn_rtp::timeline::hidden_transfer_fraction(&timeline),
         };
-        let all: Vec<RankFigures> = device
-            .all_gather_bytes(&serde_json::to_vec(&own).expect("numbers serialise"))
-            .iter()
-            .map(|b| serde_json::from_slice(b).expect("ranks send what they serialise"))
-            .collect();
+        let all = device.all_gather_json(&own);
         (rank == 0).then(|| JobResult {
             params: model.num_params(),
             step_s,

@@ -111,6 +111,19 @@ impl<B: Backend> RtpDevice<B> {
         crate::collectives::all_gather_bytes(&self.ctx, "all_gather_bytes", bytes)
     }
 
+    /// Every rank's `value` on every rank, in rank order (a collective; the value travels as
+    /// JSON, for small per-rank figures such as memory peaks).
+    pub fn all_gather_json<T>(&self, value: &T) -> Vec<T>
+    where
+        T: serde::Serialize + serde::de::DeserializeOwned,
+    {
+        let own = serde_json::to_vec(value).expect("a per-rank figure serialises");
+        self.all_gather_bytes(&own)
+            .iter()
+            .map(|b| serde_json::from_slice(b).expect("every rank sends what it serialised"))
+            .collect()
+    }
+
     /// Checks that every rank passes the same `(name, value)` settings (a collective). Each
     /// rank gets the same verdict, so a mismatch stops every rank before its first step.
     pub fn agree(&self, settings: &[(&str, String)]) -> crate::RtpResult<()> {

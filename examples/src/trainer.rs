@@ -356,6 +356,7 @@ pub fn train<I: Backend>(
     let per = cfg.batch / world;
     let mut rtp = cfg.strategy.rtp_config(cfg.ranks, cfg.rotation);
     rtp.transport = cfg.transport;
+    let transport = rtp.transport_kind();
     if let Some(timeout) = cfg.peer_timeout {
         rtp = rtp.with_peer_timeout(timeout);
     }
@@ -435,11 +436,7 @@ pub fn train<I: Backend>(
             ledger: PeakBytes::from(device.memory_peak()),
             rss: burn_rtp::peak_rss_bytes().unwrap_or(0),
         };
-        let memory = device
-            .all_gather_bytes(&serde_json::to_vec(&own).expect("numbers serialise"))
-            .iter()
-            .map(|b| serde_json::from_slice(b).expect("ranks send what they serialise"))
-            .collect();
+        let memory = device.all_gather_json(&own);
         let text = if cfg.sample_bytes > 0 {
             sample(
                 &model.valid(),
@@ -483,10 +480,7 @@ pub fn train<I: Backend>(
         losses: first.losses.iter().map(|&l| l as f64).collect(),
         peak_bytes_per_rank: first.memory.iter().map(|m| m.ledger).collect(),
         peak_rss_bytes_per_rank: first.memory.iter().map(|m| m.rss).collect(),
-        transport: cfg
-            .transport
-            .unwrap_or_else(TransportKind::from_environment)
-            .to_string(),
+        transport: transport.to_string(),
         ideal_model_state_bytes_per_rank: (first.params * 4 * 4 / world) as u64,
     };
     Ok(TrainOutcome {

@@ -194,16 +194,15 @@ fn mpi_training_matches_single_device_and_in_process() {
     }
 }
 
-/// Waits for the job to end, at most `limit`; returns its output and how long it took.
-fn wait_at_most(child: Child, limit: Duration) -> (Output, Duration) {
-    let started = Instant::now();
+/// Waits for the job to end, at most `limit`.
+fn wait_at_most(child: Child, limit: Duration) -> Output {
     let id = child.id();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let _ = tx.send(child.wait_with_output());
     });
     match rx.recv_timeout(limit) {
-        Ok(out) => (out.unwrap(), started.elapsed()),
+        Ok(out) => out.unwrap(),
         Err(_) => {
             let _ = Command::new("kill").args(["-9", &id.to_string()]).status();
             panic!("the job was still running {limit:?} after the fault: a hang");
@@ -230,33 +229,44 @@ fn pids(dir: &Path, np: usize) -> Vec<String> {
     }
 }
 
-fn long_run(dir: &Path, timeout: &str) -> Vec<(&'static str, String)> {
-    vec![
-        ("RTP_TEST_STRATEGY", "rtp".into()),
+/// Starts a long RTP run on `np` processes with the given peer timeout, sends `signal` to
+/// rank 1 once every rank trains, and waits (at most 60 s) for the job to end. Returns its
+/// output and how long it took to end after the signal.
+fn signal_rank_1_mid_training(
+    name: &str,
+    np: usize,
+    peer_timeout: &str,
+    signal: &str,
+) -> (Output, Duration) {
+    let dir = temp_dir(name);
+    let env = [
+        ("RTP_TEST_STRATEGY", "rtp".to_string()),
         ("RTP_TEST_ROTATION", "out-of-place".into()),
         ("RTP_TEST_STEPS", "1000000".into()),
-        ("RTP_TEST_PEER_TIMEOUT", timeout.into()),
+        ("RTP_TEST_PEER_TIMEOUT", peer_timeout.into()),
         ("RTP_TEST_DIR", dir.display().to_string()),
-    ]
+    ];
+    let child = mpirun(np, "child_train_until_killed", &env)
+        .spawn()
+        .unwrap();
+    let pid = pids(&dir, np)[1].trim().to_string();
+    let signalled = Instant::now();
+    assert!(Command::new("kill")
+        .args([signal, &pid])
+        .status()
+        .unwrap()
+        .success());
+    let out = wait_at_most(child, Duration::from_secs(60));
+    let took = signalled.elapsed();
+    // A stopped rank that mpirun did not reap must not outlive the test.
+    let _ = Command::new("kill").args(["-9", &pid]).status();
+    (out, took)
 }
 
 /// A rank killed with SIGKILL mid-training: the job ends within 30 s, with a non-zero status.
 #[test]
 fn a_killed_rank_ends_the_job_within_30_s() {
-    let dir = temp_dir("kill");
-    let np = 3;
-    let child = mpirun(np, "child_train_until_killed", &long_run(&dir, "120"))
-        .spawn()
-        .unwrap();
-    let pids = pids(&dir, np);
-    let killed = Instant::now();
-    assert!(Command::new("kill")
-        .args(["-9", pids[1].trim()])
-        .status()
-        .unwrap()
-        .success());
-    let (out, _) = wait_at_most(child, Duration::from_secs(60));
-    let took = killed.elapsed();
+    let (out, took) = signal_rank_1_mid_training("kill", 3, "120", "-KILL");
     eprintln!(
         "after SIGKILL of rank 1 the job ended in {took:.1?} with {}",
         out.status
@@ -276,21 +286,7 @@ fn a_killed_rank_ends_the_job_within_30_s() {
 /// that names it, and the job ends.
 #[test]
 fn a_silent_rank_is_a_timeout_naming_it() {
-    let dir = temp_dir("stall");
-    let np = 2;
-    let child = mpirun(np, "child_train_until_killed", &long_run(&dir, "3"))
-        .spawn()
-        .unwrap();
-    let pids = pids(&dir, np);
-    let stopped = Instant::now();
-    assert!(Command::new("kill")
-        .args(["-STOP", pids[1].trim()])
-        .status()
-        .unwrap()
-        .success());
-    let (out, _) = wait_at_most(child, Duration::from_secs(60));
-    let took = stopped.elapsed();
-    let _ = Command::new("kill").args(["-9", pids[1].trim()]).status();
+    let (out, took) = signal_rank_1_mid_training("stall", 2, "3", "-STOP");
     let log = text(&out);
     eprintln!(
         "after SIGSTOP of rank 1 the job ended in {took:.1?} with {}; rank 0 said: {}",

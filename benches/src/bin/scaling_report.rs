@@ -9,7 +9,8 @@ use burn_rtp::TransportKind;
 use burn_rtp_benches::mpi_report::{self, Job, MpiReportConfig};
 use burn_rtp_benches::report::{check_keys, default_out, run, ReportConfig};
 use clap::Parser;
-use std::path::PathBuf;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 /// Measure RTP beside DDP and FSDP and write a scaling report.
@@ -64,17 +65,30 @@ fn main_mpi(cli: &Cli) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let out = cfg.out.clone();
+    measure(&out, 3, mpi_report::check_keys, |log| {
+        mpi_report::run(&cfg, &exe, log)
+    })
+}
+
+/// Runs a report with a timestamped log, checks its keys and says what it wrote.
+fn measure(
+    out: &Path,
+    plots: usize,
+    check: fn(&Value) -> Result<(), String>,
+    run: impl FnOnce(&dyn Fn(&str)) -> Result<Value, Box<dyn std::error::Error>>,
+) -> ExitCode {
     let started = std::time::Instant::now();
     let log = |msg: &str| eprintln!("[{:>6.1} s] {msg}", started.elapsed().as_secs_f64());
-    match mpi_report::run(&cfg, &exe, &log) {
+    match run(&log) {
         Ok(report) => {
-            if let Err(e) = mpi_report::check_keys(&report) {
+            if let Err(e) = check(&report) {
                 eprintln!("error: incomplete report: {e}");
                 return ExitCode::FAILURE;
             }
             println!(
-                "wrote {}/report.json, report.md and 3 SVG plots in {:.0} s",
-                cfg.out.display(),
+                "wrote {}/report.json, report.md and {plots} SVG plots in {:.0} s",
+                out.display(),
                 started.elapsed().as_secs_f64()
             );
             ExitCode::SUCCESS
@@ -119,24 +133,5 @@ fn main() -> ExitCode {
     if let Some(r) = cli.repeats {
         cfg.repeats = r.max(1);
     }
-    let started = std::time::Instant::now();
-    let log = |msg: &str| eprintln!("[{:>6.1} s] {msg}", started.elapsed().as_secs_f64());
-    match run(&cfg, &log) {
-        Ok(report) => {
-            if let Err(e) = check_keys(&report) {
-                eprintln!("error: incomplete report: {e}");
-                return ExitCode::FAILURE;
-            }
-            println!(
-                "wrote {}/report.json, report.md and 4 SVG plots in {:.0} s",
-                cfg.out.display(),
-                started.elapsed().as_secs_f64()
-            );
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    measure(&cfg.out, 4, check_keys, |log| run(&cfg, log))
 }

@@ -290,16 +290,7 @@ struct PendingRecv<T> {
 
 impl<T: Send + 'static> PendingRecv<T> {
     fn check(&self, header: Header, payload: Payload<T>) -> RtpResult<Payload<T>> {
-        if header != self.expect {
-            return Err(RtpError::Desync {
-                rank: self.rank,
-                peer: self.from,
-                op: self.expect.op.to_string(),
-                seq: self.expect.seq,
-                expected: self.expect.to_string(),
-                got: header.to_string(),
-            });
-        }
+        self.expect.check(&header, self.rank, self.from)?;
         Ok(payload)
     }
 }

@@ -49,6 +49,24 @@ pub struct Header {
     pub shape: Vec<usize>,
 }
 
+impl Header {
+    /// Checks that the message `got` from `peer` is the one this (expected) header describes;
+    /// a difference means the two ranks' programs diverged.
+    pub fn check(&self, got: &Header, rank: usize, peer: usize) -> RtpResult<()> {
+        if got == self {
+            return Ok(());
+        }
+        Err(crate::RtpError::Desync {
+            rank,
+            peer,
+            op: self.op.to_string(),
+            seq: self.seq,
+            expected: self.to_string(),
+            got: got.to_string(),
+        })
+    }
+}
+
 impl std::fmt::Display for Header {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(

@@ -600,16 +600,7 @@ impl<T: Send + 'static> RecvHandle<T> for MpiRecv {
                 format!("from rank {}: {reason}", self.from),
             )
         })?;
-        if header != self.expect {
-            return Err(RtpError::Desync {
-                rank,
-                peer: self.from,
-                op: self.expect.op.to_string(),
-                seq: self.expect.seq,
-                expected: self.expect.to_string(),
-                got: header.to_string(),
-            });
-        }
+        self.expect.check(&header, rank, self.from)?;
         Ok(Payload::Host(data))
     }
 }
