@@ -463,7 +463,20 @@ fn markdown(
         "Each cell is {} job(s) of `mpirun -np N`, strategies alternating; a job times {} step(s) after {} warm-up step(s), barrier to barrier. Medians, with the spread (min–max) across jobs.\n\n",
         cfg.repeats, cfg.steps, cfg.warmup
     );
-    md += "| figure | measured | target | verdict |\n|---|---|---|---|\n";
+    // The targets are set for the configurations; say which models these figures
+    // come from, so that a quick run's small models are not read as configurations A and B.
+    for c in &cfg.configs {
+        md += &format!(
+            "* config {}: d_model {}, {} layer(s), {} heads, context {}, {} sequence(s) per rank\n",
+            c.name.to_uppercase(),
+            c.model.d_model,
+            c.model.layers,
+            c.model.heads,
+            c.model.seq,
+            c.batch_per_rank
+        );
+    }
+    md += "\n| figure | measured | target | verdict |\n|---|---|---|---|\n";
     for (key, target, lower) in TARGETS {
         let v = report[key].as_f64().unwrap_or(f64::NAN);
         let met = if lower { v <= target } else { v >= target };
