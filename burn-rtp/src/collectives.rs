@@ -3,10 +3,11 @@
 //! the barrier. Every rank sums in rank order, so all ranks get bit-identical results, which
 //! keeps replicated values replicated.
 
+use crate::accounting::{Category, Charge};
 use crate::p2p::{exchange, fence, read_host, Leg};
 use crate::rotation::{reduce_scatter, rotate_columns};
 use crate::sharding::ShardSpec;
-use crate::tensor::{Layout, RtpTensor};
+use crate::tensor::{Held, Layout, RtpTensor};
 use crate::transport::Header;
 use crate::world::RankCtx;
 use burn::tensor::backend::Backend;
@@ -14,12 +15,13 @@ use burn::tensor::{Shape, TensorData, TensorMetadata};
 use std::sync::Arc;
 
 /// Every rank's tensor on every rank, in rank order: each rank posts a receive from every
-/// other rank, then sends its own tensor (under `header(rank)`) to each.
+/// other rank, then sends its own tensor (under `header(rank)`) to each. The received tensors
+/// stay charged as in flight until the returned charges drop.
 fn exchange_with_all<B: Backend>(
     ctx: &RankCtx<B>,
     header: impl Fn(usize) -> Header,
     own: B::FloatTensorPrimitive,
-) -> Vec<B::FloatTensorPrimitive> {
+) -> (Vec<B::FloatTensorPrimitive>, Vec<Arc<Charge>>) {
     let (rank, n) = (ctx.rank, ctx.world_size);
     let peers: Vec<usize> = (0..n).filter(|&p| p != rank).collect();
     let elem = own.dtype().size();
@@ -42,33 +44,31 @@ fn exchange_with_all<B: Backend>(
         .collect();
     let (_, received) = exchange(ctx, receives, sends, elem, || ());
     let [own] = own;
+    let mut charges = Vec::with_capacity(received.len());
     let mut received = received.into_iter();
-    (0..n)
+    let tensors = (0..n)
         .map(|p| {
             if p == rank {
                 own.clone()
             } else {
-                received
-                    .next()
-                    .expect("one message per peer")
-                    .tensors
-                    .remove(0)
+                let mut got = received.next().expect("one message per peer");
+                charges.push(got.charge);
+                got.tensors.remove(0)
             }
         })
-        .collect()
+        .collect();
+    (tensors, charges)
 }
 
-/// The full tensor of a sharded one, identical on every rank.
-pub(crate) fn all_gather<B: Backend>(
-    t: &RtpTensor<B>,
-    op: &'static str,
-) -> B::FloatTensorPrimitive {
-    let Layout::Sharded(spec) = &t.layout else {
-        return t.inner.clone();
-    };
+/// The full tensor of a sharded one, identical on every rank, charged to `cat` (the parts
+/// stay charged until the full tensor is).
+pub(crate) fn all_gather<B: Backend>(t: &RtpTensor<B>, op: &'static str, cat: Category) -> Held<B> {
     let ctx = &t.ctx;
+    let Layout::Sharded(spec) = &t.layout else {
+        return Held::new(ctx, t.inner.clone(), cat);
+    };
     if ctx.world_size == 1 {
-        return t.inner.clone();
+        return Held::new(ctx, t.inner.clone(), cat);
     }
     let seq = ctx.next_seq();
     let header = |part: usize| Header {
@@ -77,9 +77,13 @@ pub(crate) fn all_gather<B: Backend>(
         part,
         shape: spec.shard_shape(part).to_vec(),
     };
-    let parts = exchange_with_all(ctx, header, t.inner.clone());
+    let (parts, _received) = exchange_with_all(ctx, header, t.inner.clone());
     let last = spec.full.num_dims() - 1;
-    let full = burn_rtp_kernels::assemble_columns::<B>(parts, last);
+    let full = Held::new(
+        ctx,
+        burn_rtp_kernels::assemble_columns::<B>(parts, last),
+        cat,
+    );
     fence(ctx);
     full
 }
@@ -102,7 +106,7 @@ pub(crate) fn all_reduce_sum_host<B: Backend>(
         shape: vec![len],
     };
     let own = B::float_from_data(TensorData::new(values, [len]), &ctx.inner);
-    let contributions = exchange_with_all(ctx, header, own).into_iter().map(|t| {
+    let contributions = exchange_with_all(ctx, header, own).0.into_iter().map(|t| {
         read_host::<B>(t)
             .convert::<f32>()
             .into_vec::<f32>()
@@ -175,6 +179,7 @@ pub(crate) fn all_gather_bytes<B: Backend>(
         },
         floats(vec![bytes.len() as f32]),
     )
+    .0
     .into_iter()
     .map(|t| host(t)[0] as usize)
     .collect();
@@ -193,6 +198,7 @@ pub(crate) fn all_gather_bytes<B: Backend>(
         },
         floats(own),
     )
+    .0
     .into_iter()
     .zip(&lengths)
     .map(|(t, &len)| host(t)[..len].iter().map(|&v| v as u8).collect())
@@ -301,5 +307,5 @@ pub(crate) fn all_reduce_ring<B: Backend>(
         |_| 0,
     );
     fence(ctx);
-    B::float_reshape(full, shape)
+    full.consume(|full| B::float_reshape(full, shape))
 }

@@ -13,14 +13,13 @@
 //! Rotation and collectives are built on this module; it knows nothing of either.
 
 use crate::accounting::{Category, Charge};
+use crate::tensor::Float;
 use crate::timeline::IntervalKind;
 use crate::transport::{BufferKind, Header, Payload, RecvHandle, SendHandle};
 use crate::world::RankCtx;
 use burn::tensor::backend::Backend;
 use burn::tensor::{try_read_sync, TensorData, TensorMetadata};
 use std::sync::Arc;
-
-type Float<B> = <B as burn::tensor::backend::BackendTypes>::FloatTensorPrimitive;
 
 /// Reads an inner tensor to the host.
 pub(crate) fn read_host<B: Backend>(t: Float<B>) -> TensorData {
@@ -113,14 +112,16 @@ pub(crate) fn post<B: Backend>(
     elem: usize,
 ) -> Posted<B> {
     let shapes: Vec<Vec<usize>> = expect.iter().map(|h| h.shape.clone()).collect();
-    let charge = ctx
-        .ledger
-        .charge(Category::InFlight, bytes_of(&shapes, elem));
     let started = ctx.timeline.start();
     let handles = expect
         .into_iter()
         .map(|h| (h.clone(), ctx.check(ctx.transport.irecv(from, h))))
         .collect();
+    // Charged after posting: a message already waiting in the inbox carried its own charge
+    // until the receive took it, so the two never count the same buffer twice.
+    let charge = ctx
+        .ledger
+        .charge(Category::InFlight, bytes_of(&shapes, elem));
     Posted {
         from,
         handles,

@@ -21,14 +21,13 @@ use crate::config::RotationMode;
 use crate::p2p::{
     complete, exchange, fence, finish, post, start, swap, Leg, Posted, Received, Started,
 };
+use crate::tensor::{Float, Held};
 use crate::timeline::IntervalKind;
 use crate::transport::Header;
 use crate::world::RankCtx;
 use burn::tensor::backend::Backend;
 use burn::tensor::TensorMetadata;
 use std::sync::Arc;
-
-type Float<B> = <B as burn::tensor::backend::BackendTypes>::FloatTensorPrimitive;
 
 /// The ring's index arithmetic, in one place: who this rank talks to and which shard it holds.
 #[derive(Debug, Clone, Copy)]
@@ -185,7 +184,8 @@ pub(crate) fn rotate<B: Backend>(
 
 /// Rotates `own` and builds a tensor from one column block per shard: `block(j, shard)` is
 /// the block of shard `j`, and the blocks are concatenated in shard order along `dim`.
-/// Blocks are charged as local memory while they wait to be assembled.
+/// Blocks are charged as local memory while they wait to be assembled, and the joined
+/// result (charged as local too) is charged before they are released: both exist at once.
 pub(crate) fn rotate_columns<B: Backend>(
     ctx: &RankCtx<B>,
     op: &'static str,
@@ -193,7 +193,7 @@ pub(crate) fn rotate_columns<B: Backend>(
     shapes_of: impl Fn(usize) -> Vec<Vec<usize>>,
     mut block: impl FnMut(usize, &[Float<B>]) -> Float<B>,
     dim: impl FnOnce(&Float<B>) -> usize,
-) -> Float<B> {
+) -> Held<B> {
     let n = ctx.world_size;
     let mut parts: Vec<Option<Float<B>>> = vec![None; n];
     let mut held: Vec<Arc<Charge>> = Vec::with_capacity(n);
@@ -207,7 +207,13 @@ pub(crate) fn rotate_columns<B: Backend>(
         .map(|p| p.unwrap_or_else(|| unreachable!("rank {}: `{op}` missed a shard", ctx.rank)))
         .collect();
     let dim = dim(&parts[0]);
-    burn_rtp_kernels::assemble_columns::<B>(parts, dim)
+    let joined = Held::new(
+        ctx,
+        burn_rtp_kernels::assemble_columns::<B>(parts, dim),
+        Category::Local,
+    );
+    drop(held);
+    joined
 }
 
 /// Sums every rank's contribution to each shard and leaves shard `r` on rank `r`.

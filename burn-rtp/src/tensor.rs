@@ -7,6 +7,9 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Shape, TensorMetadata};
 use std::sync::Arc;
 
+/// The inner backend's float tensor.
+pub(crate) type Float<B> = <B as burn::tensor::backend::BackendTypes>::FloatTensorPrimitive;
+
 /// Where the elements of a float tensor live.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Layout {
@@ -143,5 +146,70 @@ impl<B: Backend> RtpTensor<B> {
     /// The inner backend tensor (the shard, for a sharded tensor).
     pub fn inner(&self) -> &B::FloatTensorPrimitive {
         &self.inner
+    }
+
+    /// Takes the inner tensor out of its wrapper for an op, keeping it charged.
+    pub(crate) fn held(self) -> Held<B> {
+        Held {
+            tensor: self.inner,
+            charge: self.charge,
+        }
+    }
+}
+
+/// An inner tensor outside any wrapper (taken out for an op, gathered, or assembled), still
+/// charged to its rank: the ledger must see every buffer an op keeps alive, not only those
+/// wrapped in an [`RtpTensor`]. The charge ends when the `Held` drops.
+pub(crate) struct Held<B: Backend> {
+    tensor: Float<B>,
+    charge: Arc<Charge>,
+}
+
+impl<B: Backend> std::ops::Deref for Held<B> {
+    type Target = Float<B>;
+
+    fn deref(&self) -> &Float<B> {
+        &self.tensor
+    }
+}
+
+impl<B: Backend> Held<B> {
+    /// Charges a freshly computed inner tensor to `cat` on `ctx`'s ledger.
+    pub(crate) fn new(ctx: &RankCtx<B>, tensor: Float<B>, cat: Category) -> Self {
+        let charge = ctx.ledger.charge(cat, bytes_of(&tensor));
+        Self { tensor, charge }
+    }
+
+    /// A handle to the tensor for an op that reads it; the charge stays with `self`.
+    pub(crate) fn get(&self) -> Float<B> {
+        self.tensor.clone()
+    }
+
+    /// Gives the tensor to `f`, which consumes it, and releases the charge only once `f`
+    /// returned (and charged its result), so the input and the output are never both unseen.
+    pub(crate) fn consume<R>(self, f: impl FnOnce(Float<B>) -> R) -> R {
+        let Held { tensor, charge } = self;
+        let out = f(tensor);
+        drop(charge);
+        out
+    }
+
+    /// Ends the charge and returns the tensor, for a result that leaves the decorator (host
+    /// data read out of it): from here on it is not the rank's device memory to count.
+    pub(crate) fn release(self) -> Float<B> {
+        self.tensor
+    }
+
+    /// Wraps the tensor as a local tensor of `ctx`, keeping a local charge as it is.
+    pub(crate) fn into_local(self, ctx: Arc<RankCtx<B>>) -> RtpTensor<B> {
+        if self.charge.category() == Category::Local {
+            return RtpTensor {
+                inner: self.tensor,
+                layout: Layout::Local,
+                ctx,
+                charge: self.charge,
+            };
+        }
+        self.consume(|t| RtpTensor::new(ctx, t, Layout::Local))
     }
 }

@@ -95,7 +95,8 @@ fn full_binary<B: Backend>(
     let ctx = lhs.ctx.clone();
     let (l, lr) = gathered(lhs, op);
     let (r, rr) = gathered(rhs, op);
-    RtpTensor::new(ctx, f(l, r), full_layout(lr && rr))
+    let layout = full_layout(lr && rr);
+    l.consume(|l| r.consume(|r| RtpTensor::new(ctx, f(l, r), layout)))
 }
 
 fn last_index(t: &RtpTensor<impl Backend>) -> usize {
@@ -183,7 +184,7 @@ macro_rules! compare_ops {
         $(fn $name(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>, out_dtype: BoolDType) -> BoolTensor<Self> {
             let l = full_inner(lhs, stringify!($name));
             let r = full_inner(rhs, stringify!($name));
-            B::$name(l, r, out_dtype)
+            B::$name(l.get(), r.get(), out_dtype)
         })*
     };
 }
@@ -191,7 +192,7 @@ macro_rules! compare_ops {
 macro_rules! compare_elem_ops {
     ($($name:ident),* $(,)?) => {
         $(fn $name(lhs: FloatTensor<Self>, rhs: Scalar, out_dtype: BoolDType) -> BoolTensor<Self> {
-            B::$name(full_inner(lhs, stringify!($name)), rhs, out_dtype)
+            full_inner(lhs, stringify!($name)).consume(|l| B::$name(l, rhs, out_dtype))
         })*
     };
 }
@@ -310,7 +311,7 @@ impl<B: Backend> FloatTensorOps<Self> for Rtp<B> {
         let data = if saving {
             tensor.inner
         } else {
-            full_inner(tensor, "float_into_data")
+            full_inner(tensor, "float_into_data").release()
         };
         B::float_into_data(data).await
     }
@@ -333,7 +334,7 @@ impl<B: Backend> FloatTensorOps<Self> for Rtp<B> {
     }
 
     fn float_into_int(tensor: FloatTensor<Self>, out_dtype: IntDType) -> IntTensor<Self> {
-        B::float_into_int(full_inner(tensor, "float_into_int"), out_dtype)
+        full_inner(tensor, "float_into_int").consume(|t| B::float_into_int(t, out_dtype))
     }
 
     binary_ops!(
@@ -571,7 +572,7 @@ impl<B: Backend> FloatTensorOps<Self> for Rtp<B> {
     along_ops!(float_cumsum, float_cumprod, float_cummin, float_cummax);
 
     fn float_argmax(tensor: FloatTensor<Self>, dim: usize, out_dtype: IntDType) -> IntTensor<Self> {
-        B::float_argmax(full_inner(tensor, "float_argmax"), dim, out_dtype)
+        full_inner(tensor, "float_argmax").consume(|t| B::float_argmax(t, dim, out_dtype))
     }
 
     fn float_argtopk(
@@ -580,11 +581,11 @@ impl<B: Backend> FloatTensorOps<Self> for Rtp<B> {
         k: usize,
         out_dtype: IntDType,
     ) -> IntTensor<Self> {
-        B::float_argtopk(full_inner(tensor, "float_argtopk"), dim, k, out_dtype)
+        full_inner(tensor, "float_argtopk").consume(|t| B::float_argtopk(t, dim, k, out_dtype))
     }
 
     fn float_argmin(tensor: FloatTensor<Self>, dim: usize, out_dtype: IntDType) -> IntTensor<Self> {
-        B::float_argmin(full_inner(tensor, "float_argmin"), dim, out_dtype)
+        full_inner(tensor, "float_argmin").consume(|t| B::float_argmin(t, dim, out_dtype))
     }
 
     fn float_unfold(

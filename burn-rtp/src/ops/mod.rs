@@ -13,26 +13,29 @@ mod module;
 mod qtensor;
 mod transaction;
 
+use crate::accounting::Category;
 use crate::collectives::all_gather;
 use crate::error::{raise, RtpError};
 use crate::sharding::ShardRange;
-use crate::tensor::{Layout, RtpTensor};
+use crate::tensor::{Held, Layout, RtpTensor};
 use crate::world::RankCtx;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Shape, TensorMetadata};
 use std::sync::Arc;
 
-pub(crate) type Float<B> = <B as burn::tensor::backend::BackendTypes>::FloatTensorPrimitive;
+pub(crate) use crate::tensor::Float;
 
-/// The full inner tensor of `t`, gathering it if it is sharded (a counted fallback).
-pub(crate) fn gathered<B: Backend>(t: RtpTensor<B>, op: &'static str) -> (Float<B>, bool) {
+/// The full inner tensor of `t`, still charged: gathered (a counted fallback, charged as
+/// local memory) if it is sharded, else taken out of its wrapper with the wrapper's charge.
+/// The flag says whether the tensor is replicated.
+pub(crate) fn gathered<B: Backend>(t: RtpTensor<B>, op: &'static str) -> (Held<B>, bool) {
     match &t.layout {
         Layout::Sharded(_) => {
             t.ctx.note_fallback(op, &[t.dims()]);
-            (all_gather(&t, op), false)
+            (all_gather(&t, op, Category::Local), false)
         }
-        Layout::Replicated => (t.inner, true),
-        Layout::Local => (t.inner, false),
+        Layout::Replicated => (t.held(), true),
+        Layout::Local => (t.held(), false),
     }
 }
 
@@ -62,12 +65,12 @@ pub(crate) fn full_op<B: Backend>(
     f: impl FnOnce(Float<B>) -> Float<B>,
 ) -> RtpTensor<B> {
     let ctx = t.ctx.clone();
-    let (inner, replicated) = gathered(t, op);
-    RtpTensor::new(ctx, f(inner), full_layout(replicated))
+    let (full, replicated) = gathered(t, op);
+    full.consume(|x| RtpTensor::new(ctx, f(x), full_layout(replicated)))
 }
 
-/// Same as [`full_op`] for ops that return a non-float tensor.
-pub(crate) fn full_inner<B: Backend>(t: RtpTensor<B>, op: &'static str) -> Float<B> {
+/// The full inner tensor of `t` for an op that reads it, charged while the `Held` lives.
+pub(crate) fn full_inner<B: Backend>(t: RtpTensor<B>, op: &'static str) -> Held<B> {
     gathered(t, op).0
 }
 
@@ -160,7 +163,7 @@ pub(crate) fn binary<B: Backend>(
             ctx.note_fallback(op, &[ls.to_vec(), rs.to_vec()]);
             let (l, _) = gathered(lhs, op);
             let (r, _) = gathered(rhs, op);
-            RtpTensor::new(ctx, f(l, r), Layout::Local)
+            l.consume(|l| r.consume(|r| RtpTensor::new(ctx, f(l, r), Layout::Local)))
         }
         (Layout::Sharded(spec), _) => {
             let spec = spec.clone();
@@ -197,7 +200,8 @@ fn sharded_with_full<B: Backend>(
         ambiguous(&ctx, op, &shard.layout, &os);
     }
     let (full, _) = gathered(shard, op);
-    RtpTensor::new(ctx, f(full, other.inner), Layout::Local)
+    let other = other.held();
+    full.consume(|s| other.consume(|o| RtpTensor::new(ctx, f(s, o), Layout::Local)))
 }
 
 /// Shape-changing op that keeps the last dimension (reshape, expand, moving other axes):

@@ -1,14 +1,14 @@
 //! Module ops: where parameters meet activations. Linear and embedding rotate their shards
 //! (see [`crate::rotation`]); every other module op gathers sharded operands and forwards.
 
-use super::{full_inner, gathered, Float};
+use super::{full_inner, Float};
 use crate::accounting::{Category, Charge};
 use crate::backend::Rtp;
 use crate::collectives::all_gather;
 use crate::config::Strategy;
 use crate::rotation::{reduce_scatter, rotate, rotate_columns, transient};
 use crate::sharding::ShardSpec;
-use crate::tensor::{Layout, RtpTensor};
+use crate::tensor::{Held, Layout, RtpTensor};
 use crate::world::RankCtx;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::*;
@@ -20,8 +20,12 @@ fn local<B: Backend>(ctx: &Arc<RankCtx<B>>, inner: Float<B>) -> RtpTensor<B> {
     RtpTensor::new(ctx.clone(), inner, Layout::Local)
 }
 
-fn opt_full<B: Backend>(t: Option<RtpTensor<B>>, op: &'static str) -> Option<Float<B>> {
+fn opt_full<B: Backend>(t: Option<RtpTensor<B>>, op: &'static str) -> Option<Held<B>> {
     t.map(|t| full_inner(t, op))
+}
+
+fn opt_get<B: Backend>(t: &Option<Held<B>>) -> Option<Float<B>> {
+    t.as_ref().map(Held::get)
 }
 
 /// Averages a reduced gradient over ranks: each rank's loss is a mean over its own batch,
@@ -34,12 +38,13 @@ fn mean_over_ranks<B: Backend>(ctx: &RankCtx<B>, g: Float<B>) -> Float<B> {
     }
 }
 
-/// FSDP's all-gather of a whole parameter, charged as in flight while the returned guard lives.
-fn gather_unit<B: Backend>(t: &RtpTensor<B>, op: &'static str) -> (Float<B>, Arc<Charge>) {
-    let full = all_gather(t, op);
-    let bytes = full.shape().num_elements() * full.dtype().size();
-    let charge = t.ctx.ledger.charge(Category::InFlight, bytes);
-    (full, charge)
+/// FSDP's all-gather of a whole parameter, charged as in flight while it lives; a tensor
+/// that is not sharded is taken as it is.
+fn gather_unit<B: Backend>(t: RtpTensor<B>, op: &'static str) -> Held<B> {
+    match t.layout {
+        Layout::Sharded(_) => all_gather(&t, op, Category::InFlight),
+        _ => t.held(),
+    }
 }
 
 /// FSDP's gradient: the full local gradient is reduce-scattered; rank `r` keeps shard `r`.
@@ -94,11 +99,11 @@ impl<B: Backend> ModuleOps<Self> for Rtp<B> {
         let ctx = weights.ctx.clone();
         let Layout::Sharded(spec) = weights.layout.clone() else {
             let w = full_inner(weights, "embedding");
-            return local(&ctx, B::embedding(w, indices));
+            return local(&ctx, B::embedding(w.get(), indices));
         };
         if is_fsdp(&ctx) {
-            let (w, _unit) = gather_unit(&weights, "embedding.gather");
-            return local(&ctx, B::embedding(w, indices));
+            let w = gather_unit(weights, "embedding.gather");
+            return local(&ctx, B::embedding(w.get(), indices));
         }
         let rows = spec.full[0];
         let y = rotate_columns(
@@ -109,7 +114,7 @@ impl<B: Backend> ModuleOps<Self> for Rtp<B> {
             |_, shard| kernels::embedding_columns::<B>(shard[0].clone(), indices.clone()),
             |part| part.shape().num_dims() - 1,
         );
-        local(&ctx, y)
+        y.into_local(ctx)
     }
 
     fn embedding_backward(
@@ -121,12 +126,12 @@ impl<B: Backend> ModuleOps<Self> for Rtp<B> {
         let Layout::Sharded(spec) = weights.layout.clone() else {
             let w = full_inner(weights, "embedding_backward");
             let dy = full_inner(output_grad, "embedding_backward");
-            return local(&ctx, B::embedding_backward(w, dy, indices));
+            return local(&ctx, B::embedding_backward(w.get(), dy.get(), indices));
         };
         let rows = spec.full[0];
         let dy = full_inner(output_grad, "embedding_backward");
         if is_fsdp(&ctx) {
-            let full = kernels::accumulate_embedding_grad::<B>(None, rows, dy, indices);
+            let full = kernels::accumulate_embedding_grad::<B>(None, rows, dy.get(), indices);
             return reduce_scatter_full(&ctx, "embedding.reduce_scatter", spec, full);
         }
         let mut own = reduce_scatter(
@@ -135,7 +140,7 @@ impl<B: Backend> ModuleOps<Self> for Rtp<B> {
             |j| vec![vec![rows, spec.range(j).len]],
             |j| {
                 let range = spec.range(j);
-                let dy_j = kernels::column_slice::<B>(dy.clone(), range.start, range.len);
+                let dy_j = kernels::column_slice::<B>(dy.get(), range.start, range.len);
                 vec![kernels::accumulate_embedding_grad::<B>(
                     None,
                     rows,
@@ -158,16 +163,13 @@ impl<B: Backend> ModuleOps<Self> for Rtp<B> {
             let x = full_inner(x, "linear");
             let w = full_inner(weight, "linear");
             let b = opt_full(bias, "linear");
-            return local(&ctx, B::linear(x, w, b));
+            return local(&ctx, B::linear(x.get(), w.get(), opt_get(&b)));
         };
         let x = full_inner(x, "linear");
         if is_fsdp(&ctx) {
-            let (w, _unit) = gather_unit(&weight, "linear.gather");
-            let b = bias.map(|b| match &b.layout {
-                Layout::Sharded(_) => all_gather(&b, "linear.gather_bias"),
-                _ => b.inner.clone(),
-            });
-            return local(&ctx, B::linear(x, w, b));
+            let w = gather_unit(weight, "linear.gather");
+            let b = bias.map(|b| gather_unit(b, "linear.gather_bias"));
+            return local(&ctx, B::linear(x.get(), w.get(), opt_get(&b)));
         }
         let ndims = x.shape().num_dims();
         let d_in = spec.full[0];
@@ -193,14 +195,15 @@ impl<B: Backend> ModuleOps<Self> for Rtp<B> {
                 shapes
             },
             |_, shard| {
-                kernels::linear_columns::<B>(x.clone(), shard[0].clone(), shard.get(1).cloned())
+                kernels::linear_columns::<B>(x.get(), shard[0].clone(), shard.get(1).cloned())
             },
             |_| ndims - 1,
-        );
+        )
+        .into_local(ctx);
         if let Some(b) = late_bias {
-            y = B::float_add(y, broadcastable::<B>(b, ndims));
+            y = super::unary(y, |y| B::float_add(y, broadcastable::<B>(b.get(), ndims)));
         }
-        local(&ctx, y)
+        y
     }
 
     fn linear_x_backward(
@@ -211,15 +214,17 @@ impl<B: Backend> ModuleOps<Self> for Rtp<B> {
         let Layout::Sharded(spec) = weight.layout.clone() else {
             let w = full_inner(weight, "linear_x_backward");
             let dy = full_inner(output_grad, "linear_x_backward");
-            return local(&ctx, B::linear_x_backward(w, dy));
+            return local(&ctx, B::linear_x_backward(w.get(), dy.get()));
         };
         let dy = full_inner(output_grad, "linear_x_backward");
         if is_fsdp(&ctx) {
-            let (w, _unit) = gather_unit(&weight, "linear.gather_backward");
-            return local(&ctx, B::linear_x_backward(w, dy));
+            let w = gather_unit(weight, "linear.gather_backward");
+            return local(&ctx, B::linear_x_backward(w.get(), dy.get()));
         }
         let d_in = spec.full[0];
+        // The dX accumulator, charged as local from its first contribution on.
         let mut acc: Option<Float<B>> = None;
+        let mut acc_charge: Option<Arc<Charge>> = None;
         rotate(
             &ctx,
             "linear.backward_x",
@@ -227,15 +232,15 @@ impl<B: Backend> ModuleOps<Self> for Rtp<B> {
             |j| vec![vec![d_in, spec.range(j).len]],
             |j, shard| {
                 let range = spec.range(j);
-                let dy_j = kernels::column_slice::<B>(dy.clone(), range.start, range.len);
-                acc = Some(kernels::accumulate_x_grad::<B>(
-                    acc.take(),
-                    shard[0].clone(),
-                    dy_j,
-                ));
+                let dy_j = kernels::column_slice::<B>(dy.get(), range.start, range.len);
+                let sum = kernels::accumulate_x_grad::<B>(acc.take(), shard[0].clone(), dy_j);
+                acc_charge.get_or_insert_with(|| transient::<B>(&ctx, std::slice::from_ref(&sum)));
+                acc = Some(sum);
             },
         );
-        local(&ctx, acc.expect("at least one shard"))
+        let dx = local(&ctx, acc.expect("at least one shard"));
+        drop(acc_charge);
+        dx
     }
 
     fn linear_weight_backward(
@@ -247,10 +252,10 @@ impl<B: Backend> ModuleOps<Self> for Rtp<B> {
         let dy = full_inner(output_grad, "linear_weight_backward");
         let shape = Shape::new([last(&x.shape()), last(&dy.shape())]);
         let Some(spec) = ctx.param_spec(&shape) else {
-            return local(&ctx, B::linear_weight_backward(x, dy));
+            return local(&ctx, B::linear_weight_backward(x.get(), dy.get()));
         };
         if is_fsdp(&ctx) {
-            let full = B::linear_weight_backward(x, dy);
+            let full = B::linear_weight_backward(x.get(), dy.get());
             return reduce_scatter_full(&ctx, "linear.reduce_scatter_weight", spec, full);
         }
         let d_in = spec.full[0];
@@ -260,8 +265,8 @@ impl<B: Backend> ModuleOps<Self> for Rtp<B> {
             |j| vec![vec![d_in, spec.range(j).len]],
             |j| {
                 let range = spec.range(j);
-                let dy_j = kernels::column_slice::<B>(dy.clone(), range.start, range.len);
-                vec![kernels::accumulate_weight_grad::<B>(None, x.clone(), dy_j)]
+                let dy_j = kernels::column_slice::<B>(dy.get(), range.start, range.len);
+                vec![kernels::accumulate_weight_grad::<B>(None, x.get(), dy_j)]
             },
         );
         let g = mean_over_ranks(&ctx, own.remove(0));
@@ -272,10 +277,10 @@ impl<B: Backend> ModuleOps<Self> for Rtp<B> {
         let ctx = output_grad.ctx.clone();
         let dy = full_inner(output_grad, "linear_bias_backward");
         let Some(spec) = ctx.param_spec(&Shape::new([last(&dy.shape())])) else {
-            return local(&ctx, B::linear_bias_backward(dy));
+            return local(&ctx, B::linear_bias_backward(dy.get()));
         };
         if is_fsdp(&ctx) {
-            let full = B::linear_bias_backward(dy);
+            let full = B::linear_bias_backward(dy.get());
             return reduce_scatter_full(&ctx, "linear.reduce_scatter_bias", spec, full);
         }
         let mut own = reduce_scatter(
@@ -284,7 +289,7 @@ impl<B: Backend> ModuleOps<Self> for Rtp<B> {
             |j| vec![vec![spec.range(j).len]],
             |j| {
                 let range = spec.range(j);
-                let dy_j = kernels::column_slice::<B>(dy.clone(), range.start, range.len);
+                let dy_j = kernels::column_slice::<B>(dy.get(), range.start, range.len);
                 vec![kernels::accumulate_bias_grad::<B>(None, dy_j)]
             },
         );
@@ -299,12 +304,16 @@ impl<B: Backend> ModuleOps<Self> for Rtp<B> {
         options: ConvOptions<2>,
     ) -> FloatTensor<Self> {
         let ctx = x.ctx.clone();
-        let (x, w, b) = (
-            full_inner(x, "conv2d"),
-            full_inner(weight, "conv2d"),
-            opt_full(bias, "conv2d"),
+        let x_held = full_inner(x, "conv2d");
+        let weight_held = full_inner(weight, "conv2d");
+        let bias_held = opt_full(bias, "conv2d");
+        let out = B::conv2d(
+            x_held.get(),
+            weight_held.get(),
+            opt_get(&bias_held),
+            options,
         );
-        local(&ctx, B::conv2d(x, w, b, options))
+        local(&ctx, out)
     }
 
     fn deform_conv2d(
@@ -317,12 +326,17 @@ impl<B: Backend> ModuleOps<Self> for Rtp<B> {
     ) -> FloatTensor<Self> {
         let ctx = x.ctx.clone();
         let op = "deform_conv2d";
+        let x_held = full_inner(x, op);
+        let offset_held = full_inner(offset, op);
+        let weight_held = full_inner(weight, op);
+        let mask_held = opt_full(mask, op);
+        let bias_held = opt_full(bias, op);
         let out = B::deform_conv2d(
-            full_inner(x, op),
-            full_inner(offset, op),
-            full_inner(weight, op),
-            opt_full(mask, op),
-            opt_full(bias, op),
+            x_held.get(),
+            offset_held.get(),
+            weight_held.get(),
+            opt_get(&mask_held),
+            opt_get(&bias_held),
             options,
         );
         local(&ctx, out)
@@ -339,13 +353,19 @@ impl<B: Backend> ModuleOps<Self> for Rtp<B> {
     ) -> DeformConv2dBackward<Self> {
         let ctx = x.ctx.clone();
         let op = "deform_conv2d_backward";
+        let x_held = full_inner(x, op);
+        let offset_held = full_inner(offset, op);
+        let weight_held = full_inner(weight, op);
+        let mask_held = opt_full(mask, op);
+        let bias_held = opt_full(bias, op);
+        let output_grad_held = full_inner(output_grad, op);
         let g = B::deform_conv2d_backward(
-            full_inner(x, op),
-            full_inner(offset, op),
-            full_inner(weight, op),
-            opt_full(mask, op),
-            opt_full(bias, op),
-            full_inner(output_grad, op),
+            x_held.get(),
+            offset_held.get(),
+            weight_held.get(),
+            opt_get(&mask_held),
+            opt_get(&bias_held),
+            output_grad_held.get(),
             options,
         );
         DeformConv2dBackward::new(
@@ -364,12 +384,16 @@ impl<B: Backend> ModuleOps<Self> for Rtp<B> {
         options: ConvOptions<3>,
     ) -> FloatTensor<Self> {
         let ctx = x.ctx.clone();
-        let (x, w, b) = (
-            full_inner(x, "conv3d"),
-            full_inner(weight, "conv3d"),
-            opt_full(bias, "conv3d"),
+        let x_held = full_inner(x, "conv3d");
+        let weight_held = full_inner(weight, "conv3d");
+        let bias_held = opt_full(bias, "conv3d");
+        let out = B::conv3d(
+            x_held.get(),
+            weight_held.get(),
+            opt_get(&bias_held),
+            options,
         );
-        local(&ctx, B::conv3d(x, w, b, options))
+        local(&ctx, out)
     }
 
     fn conv_transpose2d(
@@ -380,12 +404,16 @@ impl<B: Backend> ModuleOps<Self> for Rtp<B> {
     ) -> FloatTensor<Self> {
         let ctx = x.ctx.clone();
         let op = "conv_transpose2d";
-        let (x, w, b) = (
-            full_inner(x, op),
-            full_inner(weight, op),
-            opt_full(bias, op),
+        let x_held = full_inner(x, op);
+        let weight_held = full_inner(weight, op);
+        let bias_held = opt_full(bias, op);
+        let out = B::conv_transpose2d(
+            x_held.get(),
+            weight_held.get(),
+            opt_get(&bias_held),
+            options,
         );
-        local(&ctx, B::conv_transpose2d(x, w, b, options))
+        local(&ctx, out)
     }
 
     fn conv_transpose3d(
@@ -396,12 +424,16 @@ impl<B: Backend> ModuleOps<Self> for Rtp<B> {
     ) -> FloatTensor<Self> {
         let ctx = x.ctx.clone();
         let op = "conv_transpose3d";
-        let (x, w, b) = (
-            full_inner(x, op),
-            full_inner(weight, op),
-            opt_full(bias, op),
+        let x_held = full_inner(x, op);
+        let weight_held = full_inner(weight, op);
+        let bias_held = opt_full(bias, op);
+        let out = B::conv_transpose3d(
+            x_held.get(),
+            weight_held.get(),
+            opt_get(&bias_held),
+            options,
         );
-        local(&ctx, B::conv_transpose3d(x, w, b, options))
+        local(&ctx, out)
     }
 
     fn avg_pool2d(
@@ -413,7 +445,8 @@ impl<B: Backend> ModuleOps<Self> for Rtp<B> {
         ceil_mode: bool,
     ) -> FloatTensor<Self> {
         let ctx = x.ctx.clone();
-        let x = full_inner(x, "avg_pool2d");
+        let x_held = full_inner(x, "avg_pool2d");
+        let x = x_held.get();
         local(
             &ctx,
             B::avg_pool2d(
@@ -438,7 +471,9 @@ impl<B: Backend> ModuleOps<Self> for Rtp<B> {
     ) -> FloatTensor<Self> {
         let ctx = x.ctx.clone();
         let op = "avg_pool2d_backward";
-        let (x, g) = (full_inner(x, op), full_inner(grad, op));
+        let x_held = full_inner(x, op);
+        let grad_held = full_inner(grad, op);
+        let (x, g) = (x_held.get(), grad_held.get());
         local(
             &ctx,
             B::avg_pool2d_backward(
@@ -455,10 +490,8 @@ impl<B: Backend> ModuleOps<Self> for Rtp<B> {
 
     fn adaptive_avg_pool2d(x: FloatTensor<Self>, output_size: [usize; 2]) -> FloatTensor<Self> {
         let ctx = x.ctx.clone();
-        local(
-            &ctx,
-            B::adaptive_avg_pool2d(full_inner(x, "adaptive_avg_pool2d"), output_size),
-        )
+        let x_held = full_inner(x, "adaptive_avg_pool2d");
+        local(&ctx, B::adaptive_avg_pool2d(x_held.get(), output_size))
     }
 
     fn adaptive_avg_pool2d_backward(
@@ -467,9 +500,11 @@ impl<B: Backend> ModuleOps<Self> for Rtp<B> {
     ) -> FloatTensor<Self> {
         let ctx = x.ctx.clone();
         let op = "adaptive_avg_pool2d_backward";
+        let x_held = full_inner(x, op);
+        let grad_held = full_inner(grad, op);
         local(
             &ctx,
-            B::adaptive_avg_pool2d_backward(full_inner(x, op), full_inner(grad, op)),
+            B::adaptive_avg_pool2d_backward(x_held.get(), grad_held.get()),
         )
     }
 
@@ -482,7 +517,8 @@ impl<B: Backend> ModuleOps<Self> for Rtp<B> {
         ceil_mode: bool,
     ) -> FloatTensor<Self> {
         let ctx = x.ctx.clone();
-        let x = full_inner(x, "max_pool2d");
+        let x_held = full_inner(x, "max_pool2d");
+        let x = x_held.get();
         local(
             &ctx,
             B::max_pool2d(x, kernel_size, stride, padding, dilation, ceil_mode),
@@ -498,7 +534,8 @@ impl<B: Backend> ModuleOps<Self> for Rtp<B> {
         ceil_mode: bool,
     ) -> MaxPool2dWithIndices<Self> {
         let ctx = x.ctx.clone();
-        let x = full_inner(x, "max_pool2d_with_indices");
+        let x_held = full_inner(x, "max_pool2d_with_indices");
+        let x = x_held.get();
         let out = B::max_pool2d_with_indices(x, kernel_size, stride, padding, dilation, ceil_mode);
         MaxPool2dWithIndices::new(local(&ctx, out.output), out.indices)
     }
@@ -515,14 +552,16 @@ impl<B: Backend> ModuleOps<Self> for Rtp<B> {
     ) -> MaxPool2dBackward<Self> {
         let ctx = x.ctx.clone();
         let op = "max_pool2d_with_indices_backward";
+        let x_held = full_inner(x, op);
+        let output_grad_held = full_inner(output_grad, op);
         let out = B::max_pool2d_with_indices_backward(
-            full_inner(x, op),
+            x_held.get(),
             kernel_size,
             stride,
             padding,
             dilation,
             ceil_mode,
-            full_inner(output_grad, op),
+            output_grad_held.get(),
             indices,
         );
         MaxPool2dBackward::new(local(&ctx, out.x_grad))
@@ -534,10 +573,8 @@ impl<B: Backend> ModuleOps<Self> for Rtp<B> {
         options: InterpolateOptions,
     ) -> FloatTensor<Self> {
         let ctx = x.ctx.clone();
-        local(
-            &ctx,
-            B::interpolate(full_inner(x, "interpolate"), output_size, options),
-        )
+        let x_held = full_inner(x, "interpolate");
+        local(&ctx, B::interpolate(x_held.get(), output_size, options))
     }
 
     fn interpolate_backward(
@@ -548,14 +585,11 @@ impl<B: Backend> ModuleOps<Self> for Rtp<B> {
     ) -> FloatTensor<Self> {
         let ctx = x.ctx.clone();
         let op = "interpolate_backward";
+        let x_held = full_inner(x, op);
+        let grad_held = full_inner(grad, op);
         local(
             &ctx,
-            B::interpolate_backward(
-                full_inner(x, op),
-                full_inner(grad, op),
-                output_size,
-                options,
-            ),
+            B::interpolate_backward(x_held.get(), grad_held.get(), output_size, options),
         )
     }
 
@@ -569,12 +603,16 @@ impl<B: Backend> ModuleOps<Self> for Rtp<B> {
     ) -> FloatTensor<Self> {
         let ctx = query.ctx.clone();
         let op = "attention";
+        let query_held = full_inner(query, op);
+        let key_held = full_inner(key, op);
+        let value_held = full_inner(value, op);
+        let attn_bias_held = opt_full(attn_bias, op);
         let out = B::attention(
-            full_inner(query, op),
-            full_inner(key, op),
-            full_inner(value, op),
+            query_held.get(),
+            key_held.get(),
+            value_held.get(),
             mask,
-            opt_full(attn_bias, op),
+            opt_get(&attn_bias_held),
             options,
         );
         local(&ctx, out)
@@ -586,7 +624,8 @@ impl<B: Backend> ModuleOps<Self> for Rtp<B> {
         n: Option<usize>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         let ctx = signal.ctx.clone();
-        let (re, im) = B::rfft(gathered(signal, "rfft").0, dim, n);
+        let signal = full_inner(signal, "rfft");
+        let (re, im) = B::rfft(signal.get(), dim, n);
         (local(&ctx, re), local(&ctx, im))
     }
 
@@ -598,14 +637,11 @@ impl<B: Backend> ModuleOps<Self> for Rtp<B> {
     ) -> FloatTensor<Self> {
         let ctx = spectrum_re.ctx.clone();
         let op = "irfft";
+        let spectrum_re_held = full_inner(spectrum_re, op);
+        let spectrum_im_held = full_inner(spectrum_im, op);
         local(
             &ctx,
-            B::irfft(
-                full_inner(spectrum_re, op),
-                full_inner(spectrum_im, op),
-                dim,
-                n,
-            ),
+            B::irfft(spectrum_re_held.get(), spectrum_im_held.get(), dim, n),
         )
     }
 }

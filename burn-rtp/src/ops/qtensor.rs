@@ -28,10 +28,13 @@ impl<B: Backend> QTensorOps<Self> for Rtp<B> {
         qparams: QuantizationParametersPrimitive<Self>,
     ) -> QuantizedTensor<Self> {
         let scales = full_inner(qparams.scales, "quantize");
+        let tensor = full_inner(tensor, "quantize");
         B::quantize(
-            full_inner(tensor, "quantize"),
+            tensor.get(),
             scheme,
-            QuantizationParametersPrimitive { scales },
+            QuantizationParametersPrimitive {
+                scales: scales.get(),
+            },
         )
     }
 

@@ -10,11 +10,13 @@
 //! seeded [`Chaos`] mode injects yields and sleeps around every send, receive and hand-over.
 
 use super::{BufferKind, Header, Payload, RecvHandle, SendHandle, Transport};
+use crate::accounting::{Category, Charge, Ledger};
 use crate::config::{Chaos, Delivery};
 use crate::error::{RtpError, RtpResult};
+use burn::tensor::TensorMetadata;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// How often a receiver yields before it blocks.
@@ -42,6 +44,8 @@ struct Envelope<T> {
     payload: Payload<T>,
     /// Set once a posted receive took the message (rendezvous sends only).
     done: Option<Arc<SendDone>>,
+    /// The receiver's charge for the message while it waits unexpected in the inbox.
+    waiting: Option<Arc<Charge>>,
 }
 
 impl<T> Envelope<T> {
@@ -92,6 +96,8 @@ pub struct InProcessHub<T> {
     aborted: AtomicBool,
     first_failure: Mutex<Option<AbortRecord>>,
     exited: Vec<AtomicBool>,
+    /// Each rank's ledger, which messages waiting in its inbox are charged to.
+    ledgers: Vec<OnceLock<Arc<Ledger>>>,
     timeout: Duration,
     options: HubOptions,
 }
@@ -121,6 +127,7 @@ impl<T: Send + 'static> InProcessHub<T> {
             aborted: AtomicBool::new(false),
             first_failure: Mutex::new(None),
             exited: (0..world_size).map(|_| AtomicBool::new(false)).collect(),
+            ledgers: (0..world_size).map(|_| OnceLock::new()).collect(),
             timeout,
             options,
         })
@@ -327,7 +334,7 @@ impl<T: Send + 'static> RecvHandle<T> for PendingRecv<T> {
     }
 }
 
-impl<T: Send + 'static> Transport<T> for InProcessTransport<T> {
+impl<T: TensorMetadata + Send + 'static> Transport<T> for InProcessTransport<T> {
     fn rank(&self) -> usize {
         self.rank
     }
@@ -360,17 +367,25 @@ impl<T: Send + 'static> Transport<T> for InProcessTransport<T> {
         let done = rendezvous.then(Arc::<SendDone>::default);
         // A borrowed name: no allocation on the send path.
         let op = header.op.clone();
-        let envelope = Envelope {
+        let mut envelope = Envelope {
             header,
             payload,
             done: done.clone(),
+            waiting: None,
         };
         {
             let mut lanes = inbox.lanes.lock().unwrap();
             let lane = &mut lanes[self.rank];
             match lane.posted.pop_front() {
                 Some(slot) => *slot.lock().unwrap() = Some(envelope.taken()),
-                None => lane.unexpected.push_back(envelope),
+                None => {
+                    // The receiver holds the message from now on; the charge cannot fail,
+                    // because the buffer already exists.
+                    envelope.waiting = self.hub.ledgers[to]
+                        .get()
+                        .map(|l| l.account(Category::InFlight, envelope.payload.bytes()));
+                    lane.unexpected.push_back(envelope)
+                }
             }
             inbox.arrived.notify_all();
         }
@@ -432,5 +447,9 @@ impl<T: Send + 'static> Transport<T> for InProcessTransport<T> {
     fn mark_exited(&self) {
         self.hub.exited[self.rank].store(true, Ordering::Release);
         self.hub.wake_all();
+    }
+
+    fn attach_ledger(&self, ledger: Arc<Ledger>) {
+        let _ = self.hub.ledgers[self.rank].set(ledger);
     }
 }

@@ -33,6 +33,16 @@ pub enum Payload<T> {
     Host(TensorData),
 }
 
+impl<T: burn::tensor::TensorMetadata> Payload<T> {
+    /// Bytes the payload occupies.
+    pub fn bytes(&self) -> usize {
+        match self {
+            Payload::Device(t) => t.shape().num_elements() * t.dtype().size(),
+            Payload::Host(data) => data.bytes.len(),
+        }
+    }
+}
+
 /// Identifies a message so that the receiver can check both sides run the same op.
 ///
 /// It crosses process boundaries (serde), so the op name is owned once deserialised and
@@ -116,6 +126,11 @@ pub trait Transport<T: Send + 'static>: Send + Sync {
     fn abort(&self, reason: &str);
     /// Tells every rank that this one finished its program.
     fn mark_exited(&self);
+    /// Charges messages that wait in this rank's inbox, arrived before their receive was
+    /// posted, to `ledger` as in flight until a receive takes them: the rank holds them. A
+    /// posted receive is charged by the caller from the moment it is posted, so transports
+    /// that only move bytes into posted receives (MPI) have nothing to charge.
+    fn attach_ledger(&self, _ledger: std::sync::Arc<crate::accounting::Ledger>) {}
     /// Starts (or stops) logging when received bytes were really moving, by the transport's
     /// own clock. Transports that hand buffers over without moving bytes log nothing.
     fn record_wire(&self, _on: bool) {}

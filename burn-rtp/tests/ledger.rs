@@ -1,0 +1,185 @@
+//! The ledger counts every buffer an op keeps alive, not only the wrapped tensors: each test
+//! runs one op on every rank and checks that the local peak during it covers the buffers the
+//! op provably holds at one moment. Each failed before the ledger charged that buffer.
+
+use burn::backend::NdArray;
+use burn::nn::LinearConfig;
+use burn::tensor::ops::ModuleOps;
+use burn::tensor::{Distribution, Tensor, TensorPrimitive};
+use burn_rtp::{launch, Layout, MemoryStats, Rtp, RtpConfig, RtpTensor};
+
+type B = Rtp<NdArray>;
+
+const WORLD: usize = 2;
+const ROWS: usize = 16;
+const D_IN: usize = 24;
+const D_OUT: usize = 40;
+
+/// Bytes of an f32 tensor of `dims`.
+fn bytes(dims: &[usize]) -> u64 {
+    dims.iter().product::<usize>() as u64 * 4
+}
+
+fn primitive<const D: usize>(t: Tensor<B, D>) -> RtpTensor<NdArray> {
+    match t.into_primitive() {
+        TensorPrimitive::Float(t) => t,
+        TensorPrimitive::QFloat(_) => unreachable!("float tensors only"),
+    }
+}
+
+fn local(dims: [usize; 2], device: &burn_rtp::RtpDevice<NdArray>) -> RtpTensor<NdArray> {
+    primitive(Tensor::<B, 2>::random(
+        dims,
+        Distribution::Uniform(-1.0, 1.0),
+        device,
+    ))
+}
+
+/// A weight `[D_IN, D_OUT]` sharded over the ranks, as a Linear layer initialises it.
+fn sharded_weight(device: &burn_rtp::RtpDevice<NdArray>) -> RtpTensor<NdArray> {
+    let linear = LinearConfig::new(D_IN, D_OUT)
+        .with_bias(false)
+        .init::<B>(device);
+    let w = primitive(linear.weight.val());
+    assert!(
+        matches!(w.layout(), Layout::Sharded(_)),
+        "rank {}: the weight must be sharded for this test, got {:?}",
+        w.rank(),
+        w.layout()
+    );
+    w
+}
+
+/// Runs `op` on every rank with a fresh peak window and returns each rank's local peak.
+fn local_peak(op: impl Fn(&burn_rtp::RtpDevice<NdArray>) + Send + Sync) -> Vec<MemoryStats> {
+    launch(RtpConfig::new(WORLD), |device| {
+        device.barrier();
+        op(&device);
+        device.memory_peak()
+    })
+    .expect("the op runs on every rank")
+}
+
+fn check(peaks: &[MemoryStats], floor: u64, what: &str) {
+    for (rank, peak) in peaks.iter().enumerate() {
+        assert!(
+            peak.local >= floor,
+            "rank {rank}: local peak {} B < {floor} B: the ledger misses {what}",
+            peak.local
+        );
+    }
+}
+
+#[test]
+fn linear_weight_backward_keeps_x_and_dy_charged_while_it_rotates() {
+    let peaks = local_peak(|device| {
+        let x = local([ROWS, D_IN], device);
+        let dy = local([ROWS, D_OUT], device);
+        device.reset_memory_peak();
+        let g = B::linear_weight_backward(x, dy);
+        assert!(matches!(g.layout(), Layout::Sharded(_)));
+    });
+    // x, dy and one rank's contribution to the first travelling shard, all at once.
+    let contribution = bytes(&[D_IN, D_OUT.div_ceil(WORLD)]) - bytes(&[D_IN, 1]);
+    check(
+        &peaks,
+        bytes(&[ROWS, D_IN]) + bytes(&[ROWS, D_OUT]) + contribution,
+        "the x and dy that full_inner took out of their wrappers",
+    );
+}
+
+#[test]
+fn linear_x_backward_charges_its_accumulator() {
+    let peaks = local_peak(|device| {
+        let w = sharded_weight(device);
+        let dy = local([ROWS, D_OUT], device);
+        device.reset_memory_peak();
+        let dx = B::linear_x_backward(w, dy);
+        assert_eq!(dx.inner_shape(), vec![ROWS, D_IN]);
+    });
+    check(
+        &peaks,
+        bytes(&[ROWS, D_OUT]) + bytes(&[ROWS, D_IN]),
+        "dy or the dX accumulator",
+    );
+}
+
+#[test]
+fn linear_forward_charges_the_column_blocks_and_their_join_at_once() {
+    let peaks = local_peak(|device| {
+        let w = sharded_weight(device);
+        let x = local([ROWS, D_IN], device);
+        device.reset_memory_peak();
+        let y = B::linear(x, w, None);
+        assert_eq!(y.inner_shape(), vec![ROWS, D_OUT]);
+    });
+    check(
+        &peaks,
+        bytes(&[ROWS, D_IN]) + 2 * bytes(&[ROWS, D_OUT]),
+        "x, the column blocks or the output they are joined into",
+    );
+}
+
+#[test]
+fn a_gather_fallback_charges_the_gathered_tensor() {
+    let peaks = local_peak(|device| {
+        let w = Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(sharded_weight(device)));
+        device.reset_memory_peak();
+        // Slicing rows of a column-sharded tensor has no shard-wise rule: it gathers.
+        let top = w.slice([0..D_IN / 2, 0..D_OUT]);
+        assert_eq!(top.dims(), [D_IN / 2, D_OUT]);
+        let fallbacks = device.gather_fallbacks();
+        assert_eq!(fallbacks.get("float_slice"), Some(&1), "{fallbacks:?}");
+    });
+    check(
+        &peaks,
+        bytes(&[D_IN, D_OUT]) + bytes(&[D_IN / 2, D_OUT]),
+        "the gathered full tensor",
+    );
+}
+
+#[test]
+fn a_message_waiting_in_an_inbox_is_charged_to_its_receiver_until_taken() {
+    use burn_rtp::transport::{Header, InProcessHub, Payload, Transport};
+    use burn_rtp::Ledger;
+    type Inner = <NdArray as burn::tensor::backend::BackendTypes>::FloatTensorPrimitive;
+
+    let hub = InProcessHub::<Inner>::new(2, std::time::Duration::from_secs(5));
+    let (sender, receiver) = (hub.endpoint(0), hub.endpoint(1));
+    let ledger = Ledger::new();
+    receiver.attach_ledger(ledger.clone());
+    let device = Default::default();
+    let shard = Tensor::<NdArray, 2>::ones([D_IN, D_OUT], &device).into_primitive();
+    let shard = match shard {
+        TensorPrimitive::Float(t) => t,
+        TensorPrimitive::QFloat(_) => unreachable!("float tensors only"),
+    };
+    let header = Header {
+        seq: 0,
+        op: "test.inbox".into(),
+        part: 0,
+        shape: vec![D_IN, D_OUT],
+    };
+    // Sent before the receiver posts: it waits in the receiver's inbox.
+    let sent = sender
+        .isend(1, header.clone(), Payload::Device(shard))
+        .expect("send");
+    sent.wait().expect("a buffered send completes at once");
+    assert_eq!(
+        ledger.live().in_flight,
+        bytes(&[D_IN, D_OUT]),
+        "the waiting message is the receiver's memory"
+    );
+    let got = receiver
+        .irecv(0, header)
+        .expect("post")
+        .wait()
+        .expect("arrives");
+    assert_eq!(
+        ledger.live().in_flight,
+        0,
+        "taken: the caller charges it now"
+    );
+    assert_eq!(ledger.peak().in_flight, bytes(&[D_IN, D_OUT]));
+    drop(got);
+}
