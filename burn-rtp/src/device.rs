@@ -93,6 +93,14 @@ impl<B: Backend> RtpDevice<B> {
         self.ctx.fallback_counts()
     }
 
+    /// How many exchanges this rank has made with other ranks so far: each one posts its
+    /// receives, starts its sends and waits for both, a synchronisation with its peers.
+    pub fn exchanges(&self) -> u64 {
+        self.ctx
+            .exchanges
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Blocks until every rank of the world reaches this call.
     pub fn barrier(&self) {
         crate::collectives::barrier(&self.ctx)

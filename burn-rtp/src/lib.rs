@@ -9,6 +9,7 @@ mod consolidate;
 mod device;
 mod error;
 mod launch;
+mod linear_pairing;
 mod ops;
 mod optim;
 mod p2p;

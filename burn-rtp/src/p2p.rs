@@ -206,6 +206,8 @@ pub(crate) fn exchange<B: Backend, R>(
     elem: usize,
     compute: impl FnOnce() -> R,
 ) -> (R, Vec<Received<B>>) {
+    ctx.exchanges
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let posted: Vec<Posted<B>> = receives
         .into_iter()
         .map(|leg| post(ctx, leg.peer, leg.headers, elem))
@@ -223,7 +225,7 @@ pub(crate) fn exchange<B: Backend, R>(
 }
 
 /// Swaps a buffer with the ring neighbours: sends `buffer` to `to` and receives the buffer
-/// from `from`. Where the transport buffers sends, the own buffer (and its `held` charge) is
+/// from `from`. Where the transport buffers sends, the own buffer (and its `held` charges) is
 /// released before the receive is posted, so a rank holds one buffer at a time; otherwise
 /// this is an [`exchange`], and both buffers exist while the messages move.
 #[allow(clippy::too_many_arguments)]
@@ -234,10 +236,12 @@ pub(crate) fn swap<B: Backend>(
     to: usize,
     outgoing: Vec<Header>,
     buffer: Vec<Float<B>>,
-    held: Option<Arc<Charge>>,
+    held: Vec<Arc<Charge>>,
     elem: usize,
 ) -> Received<B> {
     if ctx.transport.buffers_sends() {
+        ctx.exchanges
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let started = start(ctx, to, outgoing, &buffer);
         finish(ctx, started);
         drop(buffer);

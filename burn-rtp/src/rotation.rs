@@ -18,9 +18,7 @@
 
 use crate::accounting::{Category, Charge};
 use crate::config::RotationMode;
-use crate::p2p::{
-    complete, exchange, fence, finish, post, start, swap, Leg, Posted, Received, Started,
-};
+use crate::p2p::{exchange, fence, swap, Leg, Received};
 use crate::tensor::{Float, Held};
 use crate::timeline::IntervalKind;
 use crate::transport::Header;
@@ -100,10 +98,187 @@ fn timed<B: Backend, T>(ctx: &RankCtx<B>, f: impl FnOnce() -> T) -> T {
     out
 }
 
-/// A shard bundle on hand, with the in-flight charge of its buffers (none for the own shard).
-struct Bundle<B: Backend> {
-    tensors: Vec<Float<B>>,
-    _charge: Option<Arc<Charge>>,
+/// What one ring pass moves: a rotating bundle (weight shards) and a travelling buffer
+/// (gradient shards), either of which may be absent.
+pub(crate) struct Pass<B: Backend, C, S, T> {
+    /// This rank's own shard bundle; empty when nothing rotates.
+    pub own: Vec<Float<B>>,
+    /// Shapes of each tensor of rotating shard `j`, as this rank expects them.
+    pub rot_shapes: S,
+    /// Runs with shard `j` on hand (`compute(j, bundle)`).
+    pub compute: C,
+    /// Shapes of each tensor of travelling buffer `j`; empty when nothing travels.
+    pub travel_shapes: T,
+}
+
+/// A bundle on hand: the tensors of the rotating shard, then those of the travelling buffer,
+/// with the in-flight charges of the buffers that came from other ranks.
+struct OnHand<B: Backend> {
+    rotating: Vec<Float<B>>,
+    travelling: Vec<Float<B>>,
+    _charges: Vec<Arc<Charge>>,
+}
+
+/// One trip around the ring; see the module docs. At step `t` rank `r` holds rotating shard
+/// `r - t` and runs `compute` with it, and adds `contribution(r - 1 - t)` to the travelling
+/// buffer that arrived from `r - 1`. The rotating shard and the travelling buffer leave for
+/// `r + 1` in the same exchange, so the whole pass synchronises with the neighbours `N - 1`
+/// times. Returns this rank's own travelling buffer, summed over all ranks (empty when
+/// nothing travels).
+///
+/// Out-of-place mode moves the next shard and buffer while it computes with the current
+/// shard and the next contribution; in-place mode computes, then swaps its one bundle with
+/// the neighbours.
+pub(crate) fn ring_pass<B: Backend>(
+    ctx: &RankCtx<B>,
+    op: &'static str,
+    pass: Pass<
+        B,
+        impl FnMut(usize, &[Float<B>]),
+        impl Fn(usize) -> Vec<Vec<usize>>,
+        impl Fn(usize) -> Vec<Vec<usize>>,
+    >,
+    mut contribution: impl FnMut(usize) -> Vec<Float<B>>,
+) -> Vec<Float<B>> {
+    let Pass {
+        own,
+        rot_shapes,
+        mut compute,
+        travel_shapes,
+    } = pass;
+    let ring = Ring::of(ctx);
+    let rotates = !own.is_empty();
+    let travels = !travel_shapes(ring.rank).is_empty();
+    let (rot_seq, travel_seq) = (ctx.next_seq(), ctx.next_seq());
+    let out_of_place = ctx.config.rotation == RotationMode::OutOfPlace;
+    let mut elem = own.first().map(|t| t.dtype().size());
+    let rot_shapes = |j: usize| if rotates { rot_shapes(j) } else { Vec::new() };
+    let headers_at = |t: usize| {
+        let mut h = headers(rot_seq, op, ring.held(t), rot_shapes(ring.held(t)));
+        if travels {
+            let j = ring.travelling(t);
+            h.extend(headers(travel_seq, op, j, travel_shapes(j)));
+        }
+        h
+    };
+    let mut on_hand = OnHand::<B> {
+        rotating: own,
+        travelling: Vec::new(),
+        _charges: Vec::new(),
+    };
+    let mut contribute = |j: usize, elem: &mut Option<usize>| -> Vec<Float<B>> {
+        if !travels {
+            return Vec::new();
+        }
+        let mine = timed(ctx, || contribution(j));
+        elem.get_or_insert_with(|| mine.first().map(|t| t.dtype().size()).unwrap_or(4));
+        mine
+    };
+    // Out-of-place: this rank's next contribution, computed while the last exchange moved.
+    let mut ahead: Option<Vec<Float<B>>> = None;
+    for t in 0..ring.n {
+        let j = ring.held(t);
+        let mine = match ahead.take() {
+            Some(mine) => mine,
+            None => contribute(ring.travelling(t), &mut elem),
+        };
+        // The contribution is a temporary until it joins the travelling buffer.
+        let _contribution = transient::<B>(ctx, &mine);
+        let summed: Vec<Float<B>> = if t == 0 {
+            mine
+        } else {
+            std::mem::take(&mut on_hand.travelling)
+                .into_iter()
+                .zip(mine)
+                .map(|(a, m)| B::float_add(a, m))
+                .collect()
+        };
+        if t + 1 == ring.n {
+            timed(ctx, || compute(j, &on_hand.rotating));
+            fence(ctx);
+            return summed;
+        }
+        let summed_charge = ctx.ledger.charge(
+            Category::InFlight,
+            summed
+                .iter()
+                .map(|t| t.shape().num_elements() * t.dtype().size())
+                .sum(),
+        );
+        drop(_contribution);
+        let elem_size = elem.unwrap_or(4);
+        let incoming = headers_at(t + 1);
+        let outgoing = headers_at(t);
+        let k = on_hand.rotating.len();
+        let got = if out_of_place {
+            let mut outgoing_tensors = on_hand.rotating.clone();
+            outgoing_tensors.extend(summed.iter().cloned());
+            let recv = Leg {
+                peer: ring.prev(),
+                headers: incoming,
+                tensors: &[],
+            };
+            let send = Leg {
+                peer: ring.next(),
+                headers: outgoing,
+                tensors: &outgoing_tensors,
+            };
+            let next = ring.travelling(t + 1);
+            let (next_mine, mut received) =
+                exchange(ctx, vec![recv], vec![send], elem_size, || {
+                    timed(ctx, || compute(j, &on_hand.rotating));
+                    contribute(next, &mut elem)
+                });
+            ahead = Some(next_mine);
+            // The shard on hand is released below: its reads must be done first.
+            fence(ctx);
+            drop(summed_charge);
+            received.remove(0)
+        } else {
+            timed(ctx, || compute(j, &on_hand.rotating));
+            // The bundle on hand leaves now: its reads must be done first.
+            fence(ctx);
+            let OnHand {
+                rotating,
+                travelling: _,
+                _charges: mut charges,
+            } = std::mem::replace(
+                &mut on_hand,
+                OnHand {
+                    rotating: Vec::new(),
+                    travelling: Vec::new(),
+                    _charges: Vec::new(),
+                },
+            );
+            charges.push(summed_charge);
+            let mut bundle = rotating;
+            bundle.extend(summed);
+            swap(
+                ctx,
+                ring.prev(),
+                incoming,
+                ring.next(),
+                outgoing,
+                bundle,
+                charges,
+                elem_size,
+            )
+        };
+        let Received {
+            mut tensors,
+            charge,
+        } = got;
+        let travelling = tensors.split_off(k);
+        on_hand = OnHand {
+            rotating: tensors,
+            travelling,
+            _charges: vec![charge],
+        };
+    }
+    unreachable!(
+        "rank {}: `{op}` ring of {} ended without a result",
+        ring.rank, ring.n
+    )
 }
 
 /// Shows every shard of a bundle to `compute`, in ring order; see the module docs.
@@ -114,72 +289,15 @@ pub(crate) fn rotate<B: Backend>(
     op: &'static str,
     own: Vec<Float<B>>,
     shapes_of: impl Fn(usize) -> Vec<Vec<usize>>,
-    mut compute: impl FnMut(usize, &[Float<B>]),
+    compute: impl FnMut(usize, &[Float<B>]),
 ) {
-    let ring = Ring::of(ctx);
-    let seq = ctx.next_seq();
-    let elem = own.first().map(|t| t.dtype().size()).unwrap_or(4);
-    let mut cur = Bundle::<B> {
-        tensors: own,
-        _charge: None,
+    let pass = Pass {
+        own,
+        rot_shapes: shapes_of,
+        compute,
+        travel_shapes: |_| Vec::new(),
     };
-    for t in 0..ring.n {
-        let j = ring.held(t);
-        if t + 1 == ring.n {
-            timed(ctx, || compute(j, &cur.tensors));
-            break;
-        }
-        let incoming = ring.held(t + 1);
-        let incoming_headers = headers(seq, op, incoming, shapes_of(incoming));
-        let outgoing_headers = headers(seq, op, j, shapes_of(j));
-        let got = match ctx.config.rotation {
-            RotationMode::OutOfPlace => {
-                let recv = Leg {
-                    peer: ring.prev(),
-                    headers: incoming_headers,
-                    tensors: &[],
-                };
-                let send = Leg {
-                    peer: ring.next(),
-                    headers: outgoing_headers,
-                    tensors: &cur.tensors,
-                };
-                let (_, mut received) = exchange(ctx, vec![recv], vec![send], elem, || {
-                    timed(ctx, || compute(j, &cur.tensors))
-                });
-                // The shard on hand is released below: its reads must be done first.
-                fence(ctx);
-                received.remove(0)
-            }
-            RotationMode::InPlace => {
-                timed(ctx, || compute(j, &cur.tensors));
-                // The shard on hand leaves now: its reads must be done first.
-                fence(ctx);
-                let Bundle { tensors, _charge } = std::mem::replace(
-                    &mut cur,
-                    Bundle {
-                        tensors: Vec::new(),
-                        _charge: None,
-                    },
-                );
-                swap(
-                    ctx,
-                    ring.prev(),
-                    incoming_headers,
-                    ring.next(),
-                    outgoing_headers,
-                    tensors,
-                    _charge,
-                    elem,
-                )
-            }
-        };
-        cur = Bundle {
-            tensors: got.tensors,
-            _charge: Some(got.charge),
-        };
-    }
-    fence(ctx);
+    ring_pass(ctx, op, pass, |_| Vec::new());
 }
 
 /// Rotates `own` and builds a tensor from one column block per shard: `block(j, shard)` is
@@ -219,76 +337,18 @@ pub(crate) fn rotate_columns<B: Backend>(
 /// Sums every rank's contribution to each shard and leaves shard `r` on rank `r`.
 ///
 /// `contribution(j)` is this rank's part of shard `j` (a bundle); the result is this rank's
-/// own shard summed over all ranks. Out-of-place mode posts the receive of the next buffer
-/// before the current one leaves and lets the send complete behind the next contribution;
-/// in-place mode swaps its one buffer with the neighbours at the end of each step.
+/// own shard summed over all ranks.
 pub(crate) fn reduce_scatter<B: Backend>(
     ctx: &RankCtx<B>,
     op: &'static str,
     shapes_of: impl Fn(usize) -> Vec<Vec<usize>>,
-    mut contribution: impl FnMut(usize) -> Vec<Float<B>>,
+    contribution: impl FnMut(usize) -> Vec<Float<B>>,
 ) -> Vec<Float<B>> {
-    let ring = Ring::of(ctx);
-    let seq = ctx.next_seq();
-    let out_of_place = ctx.config.rotation == RotationMode::OutOfPlace;
-    // Out-of-place: the receive of the buffer the next step adds to, posted a step ahead.
-    let mut posted: Option<Posted<B>> = None;
-    // In-place: the buffer the last exchange brought.
-    let mut arrived: Option<Received<B>> = None;
-    // Out-of-place: a send still completing, with the buffer it reads and its charge.
-    let mut sending: Option<(Started, Vec<Float<B>>, Arc<Charge>)> = None;
-    for t in 0..ring.n {
-        let j = ring.travelling(t);
-        let mine = timed(ctx, || contribution(j));
-        let elem = mine.first().map(|t| t.dtype().size()).unwrap_or(4);
-        if let Some((started, _buffer, _charge)) = sending.take() {
-            finish(ctx, started);
-        }
-        // This rank's contribution is a temporary until it joins the travelling buffer.
-        let _contribution = transient::<B>(ctx, &mine);
-        let summed: Vec<Float<B>> = if t == 0 {
-            mine
-        } else {
-            let buffer = match (arrived.take(), posted.take()) {
-                (Some(buffer), _) => buffer,
-                (None, Some(p)) => complete(ctx, p),
-                (None, None) => unreachable!("rank {}: `{op}` lost its buffer", ring.rank),
-            };
-            buffer
-                .tensors
-                .into_iter()
-                .zip(mine)
-                .map(|(a, m)| B::float_add(a, m))
-                .collect()
-        };
-        if t + 1 == ring.n {
-            return summed;
-        }
-        let next_j = ring.travelling(t + 1);
-        let incoming = headers(seq, op, next_j, shapes_of(next_j));
-        let shapes = summed.iter().map(|t| t.shape().to_vec()).collect();
-        let outgoing = headers(seq, op, j, shapes);
-        let bytes = summed.iter().map(|t| t.shape().num_elements() * elem).sum();
-        let charge = ctx.ledger.charge(Category::InFlight, bytes);
-        if out_of_place {
-            posted = Some(post(ctx, ring.prev(), incoming, elem));
-            let started = start(ctx, ring.next(), outgoing, &summed);
-            sending = Some((started, summed, charge));
-        } else {
-            arrived = Some(swap(
-                ctx,
-                ring.prev(),
-                incoming,
-                ring.next(),
-                outgoing,
-                summed,
-                Some(charge),
-                elem,
-            ));
-        }
-    }
-    unreachable!(
-        "rank {}: `{op}` ring of {} ended without a result",
-        ring.rank, ring.n
-    )
+    let pass = Pass {
+        own: Vec::new(),
+        rot_shapes: |_| Vec::new(),
+        compute: |_, _: &[Float<B>]| {},
+        travel_shapes: shapes_of,
+    };
+    ring_pass(ctx, op, pass, contribution)
 }

@@ -148,6 +148,12 @@ impl<B: Backend> RtpTensor<B> {
         &self.inner
     }
 
+    /// Identity of this tensor and its clones (their shared charge), for pairing calls that
+    /// Burn makes with the same tensor; it never keeps the tensor alive.
+    pub(crate) fn identity(&self) -> std::sync::Weak<Charge> {
+        Arc::downgrade(&self.charge)
+    }
+
     /// Takes the inner tensor out of its wrapper for an op, keeping it charged.
     pub(crate) fn held(self) -> Held<B> {
         Held {

@@ -30,6 +30,10 @@ pub struct RankCtx<B: Backend> {
     fallbacks: Mutex<BTreeMap<String, u64>>,
     pub(crate) shard_io: Mutex<crate::shard_io::ShardIo>,
     pub(crate) timeline: crate::timeline::Timeline,
+    /// Linear forwards awaiting their backward, and gradients computed ahead.
+    pub(crate) pairing: Mutex<crate::linear_pairing::Pairing<B>>,
+    /// Exchanges with the ring neighbours (each one synchronisation).
+    pub(crate) exchanges: AtomicU64,
     copy_on_receive: bool,
     pub(crate) index_id: u16,
 }
@@ -253,6 +257,8 @@ pub fn register_device<B: Backend>(
         config,
         ledger,
         timeline: crate::timeline::Timeline::default(),
+        pairing: Mutex::new(Default::default()),
+        exchanges: AtomicU64::new(0),
         copy_on_receive,
         seq: AtomicU64::new(0),
         persistent: AtomicUsize::new(0),

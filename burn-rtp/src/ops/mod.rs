@@ -9,6 +9,7 @@ mod activation;
 mod bool;
 mod float;
 mod int;
+mod linear;
 mod module;
 mod qtensor;
 mod transaction;

@@ -1,12 +1,13 @@
-//! Module ops: where parameters meet activations. Linear and embedding rotate their shards
-//! (see [`crate::rotation`]); every other module op gathers sharded operands and forwards.
+//! Module ops: where parameters meet activations. Linear (`linear.rs`) and embedding rotate
+//! their shards (see [`crate::rotation`]); every other module op gathers sharded operands and
+//! forwards.
 
 use super::{full_inner, Float};
-use crate::accounting::{Category, Charge};
+use crate::accounting::Category;
 use crate::backend::Rtp;
 use crate::collectives::all_gather;
 use crate::config::Strategy;
-use crate::rotation::{reduce_scatter, rotate, rotate_columns, transient};
+use crate::rotation::{reduce_scatter, rotate_columns, transient};
 use crate::sharding::ShardSpec;
 use crate::tensor::{Held, Layout, RtpTensor};
 use crate::world::RankCtx;
@@ -16,21 +17,21 @@ use burn::tensor::{Scalar, Shape, TensorMetadata};
 use burn_rtp_kernels as kernels;
 use std::sync::Arc;
 
-fn local<B: Backend>(ctx: &Arc<RankCtx<B>>, inner: Float<B>) -> RtpTensor<B> {
+pub(super) fn local<B: Backend>(ctx: &Arc<RankCtx<B>>, inner: Float<B>) -> RtpTensor<B> {
     RtpTensor::new(ctx.clone(), inner, Layout::Local)
 }
 
-fn opt_full<B: Backend>(t: Option<RtpTensor<B>>, op: &'static str) -> Option<Held<B>> {
+pub(super) fn opt_full<B: Backend>(t: Option<RtpTensor<B>>, op: &'static str) -> Option<Held<B>> {
     t.map(|t| full_inner(t, op))
 }
 
-fn opt_get<B: Backend>(t: &Option<Held<B>>) -> Option<Float<B>> {
+pub(super) fn opt_get<B: Backend>(t: &Option<Held<B>>) -> Option<Float<B>> {
     t.as_ref().map(Held::get)
 }
 
 /// Averages a reduced gradient over ranks: each rank's loss is a mean over its own batch,
 /// so the data-parallel gradient is the mean of the per-rank gradients.
-fn mean_over_ranks<B: Backend>(ctx: &RankCtx<B>, g: Float<B>) -> Float<B> {
+pub(super) fn mean_over_ranks<B: Backend>(ctx: &RankCtx<B>, g: Float<B>) -> Float<B> {
     if ctx.world_size == 1 {
         g
     } else {
@@ -40,7 +41,7 @@ fn mean_over_ranks<B: Backend>(ctx: &RankCtx<B>, g: Float<B>) -> Float<B> {
 
 /// FSDP's all-gather of a whole parameter, charged as in flight while it lives; a tensor
 /// that is not sharded is taken as it is.
-fn gather_unit<B: Backend>(t: RtpTensor<B>, op: &'static str) -> Held<B> {
+pub(super) fn gather_unit<B: Backend>(t: RtpTensor<B>, op: &'static str) -> Held<B> {
     match t.layout {
         Layout::Sharded(_) => all_gather(&t, op, Category::InFlight),
         _ => t.held(),
@@ -48,7 +49,7 @@ fn gather_unit<B: Backend>(t: RtpTensor<B>, op: &'static str) -> Held<B> {
 }
 
 /// FSDP's gradient: the full local gradient is reduce-scattered; rank `r` keeps shard `r`.
-fn reduce_scatter_full<B: Backend>(
+pub(super) fn reduce_scatter_full<B: Backend>(
     ctx: &Arc<RankCtx<B>>,
     op: &'static str,
     spec: ShardSpec,
@@ -78,16 +79,12 @@ fn reduce_scatter_full<B: Backend>(
     RtpTensor::new(ctx.clone(), g, Layout::Sharded(spec))
 }
 
-fn is_fsdp<B: Backend>(ctx: &RankCtx<B>) -> bool {
+pub(super) fn is_fsdp<B: Backend>(ctx: &RankCtx<B>) -> bool {
     ctx.config.strategy == Strategy::Fsdp
 }
 
-fn last(s: &Shape) -> usize {
-    s[s.num_dims() - 1]
-}
-
 /// Reshapes a `[d]` vector so that it broadcasts over a tensor of `ndims` dimensions.
-fn broadcastable<B: Backend>(v: Float<B>, ndims: usize) -> Float<B> {
+pub(super) fn broadcastable<B: Backend>(v: Float<B>, ndims: usize) -> Float<B> {
     let d = v.shape().num_elements();
     let mut dims = vec![1; ndims - 1];
     dims.push(d);
@@ -158,143 +155,25 @@ impl<B: Backend> ModuleOps<Self> for Rtp<B> {
         weight: FloatTensor<Self>,
         bias: Option<FloatTensor<Self>>,
     ) -> FloatTensor<Self> {
-        let ctx = x.ctx.clone();
-        let Layout::Sharded(spec) = weight.layout.clone() else {
-            let x = full_inner(x, "linear");
-            let w = full_inner(weight, "linear");
-            let b = opt_full(bias, "linear");
-            return local(&ctx, B::linear(x.get(), w.get(), opt_get(&b)));
-        };
-        let x = full_inner(x, "linear");
-        if is_fsdp(&ctx) {
-            let w = gather_unit(weight, "linear.gather");
-            let b = bias.map(|b| gather_unit(b, "linear.gather_bias"));
-            return local(&ctx, B::linear(x.get(), w.get(), opt_get(&b)));
-        }
-        let ndims = x.shape().num_dims();
-        let d_in = spec.full[0];
-        // A bias split like the weight travels with it; any other bias is added at the end.
-        let (bundle, late_bias) = match bias {
-            Some(b) if matches!(&b.layout, Layout::Sharded(bs) if bs.last() == spec.last()) => {
-                (vec![weight.inner.clone(), b.inner.clone()], None)
-            }
-            Some(b) => (vec![weight.inner.clone()], Some(full_inner(b, "linear"))),
-            None => (vec![weight.inner.clone()], None),
-        };
-        let with_bias = bundle.len() == 2;
-        let mut y = rotate_columns(
-            &ctx,
-            "linear.forward",
-            bundle,
-            |j| {
-                let len = spec.range(j).len;
-                let mut shapes = vec![vec![d_in, len]];
-                if with_bias {
-                    shapes.push(vec![len]);
-                }
-                shapes
-            },
-            |_, shard| {
-                kernels::linear_columns::<B>(x.get(), shard[0].clone(), shard.get(1).cloned())
-            },
-            |_| ndims - 1,
-        )
-        .into_local(ctx);
-        if let Some(b) = late_bias {
-            y = super::unary(y, |y| B::float_add(y, broadcastable::<B>(b.get(), ndims)));
-        }
-        y
+        super::linear::forward(x, weight, bias)
     }
 
     fn linear_x_backward(
         weight: FloatTensor<Self>,
         output_grad: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        let ctx = weight.ctx.clone();
-        let Layout::Sharded(spec) = weight.layout.clone() else {
-            let w = full_inner(weight, "linear_x_backward");
-            let dy = full_inner(output_grad, "linear_x_backward");
-            return local(&ctx, B::linear_x_backward(w.get(), dy.get()));
-        };
-        let dy = full_inner(output_grad, "linear_x_backward");
-        if is_fsdp(&ctx) {
-            let w = gather_unit(weight, "linear.gather_backward");
-            return local(&ctx, B::linear_x_backward(w.get(), dy.get()));
-        }
-        let d_in = spec.full[0];
-        // The dX accumulator, charged as local from its first contribution on.
-        let mut acc: Option<Float<B>> = None;
-        let mut acc_charge: Option<Arc<Charge>> = None;
-        rotate(
-            &ctx,
-            "linear.backward_x",
-            vec![weight.inner.clone()],
-            |j| vec![vec![d_in, spec.range(j).len]],
-            |j, shard| {
-                let range = spec.range(j);
-                let dy_j = kernels::column_slice::<B>(dy.get(), range.start, range.len);
-                let sum = kernels::accumulate_x_grad::<B>(acc.take(), shard[0].clone(), dy_j);
-                acc_charge.get_or_insert_with(|| transient::<B>(&ctx, std::slice::from_ref(&sum)));
-                acc = Some(sum);
-            },
-        );
-        let dx = local(&ctx, acc.expect("at least one shard"));
-        drop(acc_charge);
-        dx
+        super::linear::x_backward(weight, output_grad)
     }
 
     fn linear_weight_backward(
         x: FloatTensor<Self>,
         output_grad: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        let ctx = x.ctx.clone();
-        let x = full_inner(x, "linear_weight_backward");
-        let dy = full_inner(output_grad, "linear_weight_backward");
-        let shape = Shape::new([last(&x.shape()), last(&dy.shape())]);
-        let Some(spec) = ctx.param_spec(&shape) else {
-            return local(&ctx, B::linear_weight_backward(x.get(), dy.get()));
-        };
-        if is_fsdp(&ctx) {
-            let full = B::linear_weight_backward(x.get(), dy.get());
-            return reduce_scatter_full(&ctx, "linear.reduce_scatter_weight", spec, full);
-        }
-        let d_in = spec.full[0];
-        let mut own = reduce_scatter(
-            &ctx,
-            "linear.backward_weight",
-            |j| vec![vec![d_in, spec.range(j).len]],
-            |j| {
-                let range = spec.range(j);
-                let dy_j = kernels::column_slice::<B>(dy.get(), range.start, range.len);
-                vec![kernels::accumulate_weight_grad::<B>(None, x.get(), dy_j)]
-            },
-        );
-        let g = mean_over_ranks(&ctx, own.remove(0));
-        RtpTensor::new(ctx, g, Layout::Sharded(spec))
+        super::linear::weight_backward(x, output_grad)
     }
 
     fn linear_bias_backward(output_grad: FloatTensor<Self>) -> FloatTensor<Self> {
-        let ctx = output_grad.ctx.clone();
-        let dy = full_inner(output_grad, "linear_bias_backward");
-        let Some(spec) = ctx.param_spec(&Shape::new([last(&dy.shape())])) else {
-            return local(&ctx, B::linear_bias_backward(dy.get()));
-        };
-        if is_fsdp(&ctx) {
-            let full = B::linear_bias_backward(dy.get());
-            return reduce_scatter_full(&ctx, "linear.reduce_scatter_bias", spec, full);
-        }
-        let mut own = reduce_scatter(
-            &ctx,
-            "linear.backward_bias",
-            |j| vec![vec![spec.range(j).len]],
-            |j| {
-                let range = spec.range(j);
-                let dy_j = kernels::column_slice::<B>(dy.get(), range.start, range.len);
-                vec![kernels::accumulate_bias_grad::<B>(None, dy_j)]
-            },
-        );
-        let g = mean_over_ranks(&ctx, own.remove(0));
-        RtpTensor::new(ctx, g, Layout::Sharded(spec))
+        super::linear::bias_backward(output_grad)
     }
 
     fn conv2d(

@@ -1,0 +1,260 @@
+//! Linear: the forward rotates the weight shards; the backward is one ring pass in which
+//! the weight shard rotates (dX) while the gradient buffer `[dW_j, db_j]` travels with it.
+//! How Burn's three backward calls come to share that pass is [`crate::linear_pairing`].
+
+use super::module::{
+    broadcastable, gather_unit, is_fsdp, local, mean_over_ranks, opt_full, opt_get,
+    reduce_scatter_full,
+};
+use super::{full_inner, unary, Float};
+use crate::accounting::Charge;
+use crate::linear_pairing::{Deferred, Forward};
+use crate::rotation::{ring_pass, rotate_columns, transient, Pass};
+use crate::sharding::ShardSpec;
+use crate::tensor::{Held, Layout, RtpTensor};
+use crate::world::RankCtx;
+use burn::tensor::backend::Backend;
+use burn::tensor::TensorMetadata;
+use burn_rtp_kernels as kernels;
+use std::sync::Arc;
+
+/// The shard spec of a bias that travels with a weight sharded by `spec` (split like its
+/// columns), if the bias is sharded.
+fn travelling_bias(bias: &Option<Layout>) -> Option<ShardSpec> {
+    match bias {
+        Some(Layout::Sharded(spec)) => Some(spec.clone()),
+        _ => None,
+    }
+}
+
+/// What one backward pass produced.
+struct Grads<B: Backend> {
+    dx: Option<Float<B>>,
+    dw: Option<RtpTensor<B>>,
+    db: Option<RtpTensor<B>>,
+}
+
+/// A Linear's backward as one ring pass. With `weight` the weight shards rotate and dX is
+/// accumulated; with `x` this rank's `xᵀ dy_j` travels to shard `j`'s home (dW); with
+/// `bias` the column sums of `dy_j` travel with it (db). Any subset works; with nothing to
+/// rotate or carry it is not called.
+fn backward_pass<B: Backend>(
+    ctx: &Arc<RankCtx<B>>,
+    spec: &ShardSpec,
+    weight: Option<Float<B>>,
+    x: Option<Float<B>>,
+    dy: &Held<B>,
+    bias: Option<ShardSpec>,
+) -> Grads<B> {
+    let d_in = spec.full[0];
+    let rotates = weight.is_some();
+    let with_x = x.is_some();
+    let with_bias = bias.is_some();
+    let dy_j = |j: usize| {
+        let range = spec.range(j);
+        kernels::column_slice::<B>(dy.get(), range.start, range.len)
+    };
+    // The dX accumulator, charged as local from its first contribution on.
+    let mut acc: Option<Float<B>> = None;
+    let mut acc_charge: Option<Arc<Charge>> = None;
+    let pass = Pass {
+        own: weight.into_iter().collect(),
+        rot_shapes: |j: usize| vec![vec![d_in, spec.range(j).len]],
+        compute: |j: usize, shard: &[Float<B>]| {
+            if let Some(w_j) = shard.first() {
+                let sum = kernels::accumulate_x_grad::<B>(acc.take(), w_j.clone(), dy_j(j));
+                acc_charge.get_or_insert_with(|| transient::<B>(ctx, std::slice::from_ref(&sum)));
+                acc = Some(sum);
+            }
+        },
+        travel_shapes: |j: usize| {
+            let len = spec.range(j).len;
+            let mut shapes = Vec::new();
+            if with_x {
+                shapes.push(vec![d_in, len]);
+            }
+            if with_bias {
+                shapes.push(vec![len]);
+            }
+            shapes
+        },
+    };
+    let op = match (rotates, with_x) {
+        (true, true) => "linear.backward",
+        (true, false) => "linear.backward_x",
+        (false, true) => "linear.backward_weight",
+        (false, false) => "linear.backward_bias",
+    };
+    let mut own = ring_pass(ctx, op, pass, |j| {
+        let mut parts = Vec::new();
+        if let Some(x) = &x {
+            parts.push(kernels::accumulate_weight_grad::<B>(
+                None,
+                x.clone(),
+                dy_j(j),
+            ));
+        }
+        if with_bias {
+            parts.push(kernels::accumulate_bias_grad::<B>(None, dy_j(j)));
+        }
+        parts
+    })
+    .into_iter();
+    let dx = acc;
+    drop(acc_charge);
+    let mut shard = |spec: ShardSpec| {
+        let g = mean_over_ranks(ctx, own.next().expect("one buffer per gradient"));
+        RtpTensor::new(ctx.clone(), g, Layout::Sharded(spec))
+    };
+    let dw = with_x.then(|| shard(spec.clone()));
+    let db = bias.map(&mut shard);
+    Grads { dx, dw, db }
+}
+
+/// `linear(x, weight, bias)`, leaving a record for the backward.
+pub(super) fn forward<B: Backend>(
+    x: RtpTensor<B>,
+    weight: RtpTensor<B>,
+    bias: Option<RtpTensor<B>>,
+) -> RtpTensor<B> {
+    let ctx = x.ctx.clone();
+    let rotates = matches!(weight.layout, Layout::Sharded(_)) && !is_fsdp(&ctx);
+    ctx.pairing
+        .lock()
+        .unwrap()
+        .record(Forward::new(&x, &weight, bias.as_ref(), rotates));
+    let Layout::Sharded(spec) = weight.layout.clone() else {
+        let x = full_inner(x, "linear");
+        let w = full_inner(weight, "linear");
+        let b = opt_full(bias, "linear");
+        return local(&ctx, B::linear(x.get(), w.get(), opt_get(&b)));
+    };
+    let x = full_inner(x, "linear");
+    if is_fsdp(&ctx) {
+        let w = gather_unit(weight, "linear.gather");
+        let b = bias.map(|b| gather_unit(b, "linear.gather_bias"));
+        return local(&ctx, B::linear(x.get(), w.get(), opt_get(&b)));
+    }
+    let ndims = x.shape().num_dims();
+    let d_in = spec.full[0];
+    // A bias split like the weight travels with it; any other bias is added at the end.
+    let (bundle, late_bias) = match bias {
+        Some(b) if matches!(&b.layout, Layout::Sharded(bs) if bs.last() == spec.last()) => {
+            (vec![weight.inner.clone(), b.inner.clone()], None)
+        }
+        Some(b) => (vec![weight.inner.clone()], Some(full_inner(b, "linear"))),
+        None => (vec![weight.inner.clone()], None),
+    };
+    let with_bias = bundle.len() == 2;
+    let mut y = rotate_columns(
+        &ctx,
+        "linear.forward",
+        bundle,
+        |j| {
+            let len = spec.range(j).len;
+            let mut shapes = vec![vec![d_in, len]];
+            if with_bias {
+                shapes.push(vec![len]);
+            }
+            shapes
+        },
+        |_, shard| kernels::linear_columns::<B>(x.get(), shard[0].clone(), shard.get(1).cloned()),
+        |_| ndims - 1,
+    )
+    .into_local(ctx);
+    if let Some(b) = late_bias {
+        y = unary(y, |y| B::float_add(y, broadcastable::<B>(b.get(), ndims)));
+    }
+    y
+}
+
+/// dX. With a sharded weight it runs the Linear's whole backward pass when it can find the
+/// forward's `x`, and leaves dW and db for the calls that follow.
+pub(super) fn x_backward<B: Backend>(weight: RtpTensor<B>, dy: RtpTensor<B>) -> RtpTensor<B> {
+    let ctx = weight.ctx.clone();
+    let op = "linear_x_backward";
+    let Layout::Sharded(spec) = weight.layout.clone() else {
+        let w = full_inner(weight, op);
+        let dy = full_inner(dy, op);
+        return local(&ctx, B::linear_x_backward(w.get(), dy.get()));
+    };
+    if is_fsdp(&ctx) {
+        let dy = full_inner(dy, op);
+        let w = gather_unit(weight, "linear.gather_backward");
+        return local(&ctx, B::linear_x_backward(w.get(), dy.get()));
+    }
+    let guess = ctx.pairing.lock().unwrap().guess_x(&weight, &dy);
+    let dy_id = dy.identity();
+    let dy = full_inner(dy, op);
+    let w = Some(weight.inner.clone());
+    let Some((x_id, x, bias_layout)) = guess else {
+        let g = backward_pass(&ctx, &spec, w, None, &dy, None);
+        return local(&ctx, g.dx.expect("the weight rotated"));
+    };
+    let g = backward_pass(&ctx, &spec, w, Some(x), &dy, travelling_bias(&bias_layout));
+    let mut deferred = Deferred::new(x_id, dy_id, bias_layout);
+    deferred.dw = g.dw;
+    deferred.db = g.db;
+    ctx.pairing.lock().unwrap().defer(deferred);
+    local(&ctx, g.dx.expect("the weight rotated"))
+}
+
+/// dW: computed ahead by the dX pass from these very tensors, or now, by the layout of the
+/// weight the forward used.
+pub(super) fn weight_backward<B: Backend>(x: RtpTensor<B>, dy: RtpTensor<B>) -> RtpTensor<B> {
+    let ctx = x.ctx.clone();
+    let op = "linear_weight_backward";
+    let mut pairing = ctx.pairing.lock().unwrap();
+    if let Some(dw) = pairing.claim_weight(&x, &dy) {
+        return dw;
+    }
+    let forward = pairing.take_forward(&x, &dy);
+    drop(pairing);
+    let (x_id, dy_id) = (x.identity(), dy.identity());
+    let x = full_inner(x, op);
+    let dy = full_inner(dy, op);
+    let (weight_layout, bias_layout) = match forward {
+        Some(f) => (f.weight_layout, f.bias_layout),
+        // No record: the weight was not used by a Linear forward of this rank that is still
+        // alive. A per-rank gradient is right for any layout (RtpOptimizer averages it).
+        None => (Layout::Local, None),
+    };
+    let Layout::Sharded(spec) = weight_layout else {
+        return local(&ctx, B::linear_weight_backward(x.get(), dy.get()));
+    };
+    let mut deferred = Deferred::new(x_id, dy_id, bias_layout);
+    let dw = if is_fsdp(&ctx) {
+        let full = B::linear_weight_backward(x.get(), dy.get());
+        reduce_scatter_full(&ctx, "linear.reduce_scatter_weight", spec, full)
+    } else {
+        let bias = travelling_bias(&deferred.bias_layout);
+        let g = backward_pass(&ctx, &spec, None, Some(x.get()), &dy, bias);
+        deferred.db = g.db;
+        g.dw.expect("x travelled")
+    };
+    // The bias call that follows learns its layout (and finds db) here.
+    ctx.pairing.lock().unwrap().defer(deferred);
+    dw
+}
+
+/// db: computed ahead by the pass of this `dy`, or now, by the layout of the forward's bias.
+pub(super) fn bias_backward<B: Backend>(dy: RtpTensor<B>) -> RtpTensor<B> {
+    let ctx = dy.ctx.clone();
+    let (db, layout) = ctx.pairing.lock().unwrap().claim_bias(&dy);
+    if let Some(db) = db {
+        return db;
+    }
+    let dy = full_inner(dy, "linear_bias_backward");
+    let Some(Layout::Sharded(spec)) = layout else {
+        // Not sharded, or not known: a per-rank gradient, which RtpOptimizer averages.
+        return local(&ctx, B::linear_bias_backward(dy.get()));
+    };
+    if is_fsdp(&ctx) {
+        let full = B::linear_bias_backward(dy.get());
+        return reduce_scatter_full(&ctx, "linear.reduce_scatter_bias", spec, full);
+    }
+    // The bias is split like the weight's columns, so its own spec gives the column ranges.
+    backward_pass(&ctx, &spec.clone(), None, None, &dy, Some(spec))
+        .db
+        .expect("the bias travelled")
+}
