@@ -92,6 +92,12 @@ pub mod models {
         GptConfig::new(32, 64, 2, 4)
     }
 
+    /// Config A of the issues: d_model 256, 4 layers, 4 heads, context 64 (run with 8
+    /// sequences per rank).
+    pub fn config_a() -> GptConfig {
+        GptConfig::new(64, 256, 4, 4)
+    }
+
     /// A model whose state (parameters, gradients, Adam) dominates its activations: one wide
     /// block (3.4 M parameters, 54 MiB of fp32 state) on short sequences.
     pub fn state_dominated() -> GptConfig {
@@ -104,6 +110,7 @@ enum Cmd {
     ResetPeak,
     Peak,
     Timeline(bool),
+    Exchanges,
     Stop,
 }
 
@@ -112,6 +119,7 @@ enum Reply {
     Stepped(f64),
     Peak(usize, MemoryStats),
     Timeline(usize, Vec<Interval>),
+    Exchanges(usize, u64),
     Ack,
 }
 
@@ -168,6 +176,9 @@ fn rank_loop(
                 let intervals = device.take_timeline();
                 device.record_timeline(on);
                 let _ = replies.send(Reply::Timeline(rank, intervals));
+            }
+            Cmd::Exchanges => {
+                let _ = replies.send(Reply::Exchanges(rank, device.exchanges()));
             }
             Cmd::Stop => break,
         }
@@ -280,6 +291,22 @@ impl Driver {
             Reply::Peak(rank, m) => Some((rank, m)),
             _ => None,
         }))
+    }
+
+    /// Exchanges with other ranks (each one a synchronisation) per training step, counted
+    /// over `k` steps on rank 0 (every rank makes the same ones).
+    pub fn exchanges_per_step(&mut self, k: usize) -> Result<f64, RtpError> {
+        let count = |d: &mut Self| -> Result<u64, RtpError> {
+            let replies = d.broadcast(|| Cmd::Exchanges)?;
+            Ok(in_rank_order(replies, |r| match r {
+                Reply::Exchanges(rank, n) => Some((rank, n)),
+                _ => None,
+            })[0])
+        };
+        let before = count(self)?;
+        self.steps(k)?;
+        let after = count(self)?;
+        Ok((after - before) as f64 / k as f64)
     }
 
     /// Records the rotation timeline during `k` steps and returns each rank's intervals.

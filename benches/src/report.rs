@@ -27,6 +27,43 @@ pub struct ReportConfig {
     pub cap_bytes: u64,
     /// Models to try in the capacity search, smallest first.
     pub capacity_candidates: Vec<GptConfig>,
+    /// Further models whose step time is compared across strategies.
+    pub comparisons: Vec<Comparison>,
+}
+
+/// A model whose RTP, FSDP and DDP step times (and exchanges per step) are compared.
+#[derive(Debug, Clone)]
+pub struct Comparison {
+    /// Short name, used in report keys (`rtp_over_ddp_step_time_{name}_n{N}`).
+    pub name: &'static str,
+    /// The model.
+    pub model: GptConfig,
+    /// Sequences per step over all ranks at `N` ranks.
+    pub batch: fn(usize) -> usize,
+    /// World sizes.
+    pub ranks: Vec<usize>,
+}
+
+impl Comparison {
+    /// Config A of the issues: 8 sequences per rank, N = 2, 4 and 8.
+    pub fn config_a(ranks: Vec<usize>) -> Self {
+        Self {
+            name: "a",
+            model: crate::models::config_a(),
+            batch: |n| 8 * n,
+            ranks,
+        }
+    }
+
+    /// The small bench model with the criterion bench's global batch of 16.
+    pub fn small(ranks: Vec<usize>) -> Self {
+        Self {
+            name: "small",
+            model: crate::models::small(),
+            batch: |_| 16,
+            ranks,
+        }
+    }
 }
 
 impl ReportConfig {
@@ -41,6 +78,10 @@ impl ReportConfig {
             repeats: 7,
             cap_bytes: 48 * 1024 * 1024,
             capacity_candidates: capacity_candidates(16, 32, 2048),
+            comparisons: vec![
+                Comparison::small(vec![4, 8]),
+                Comparison::config_a(vec![2, 4, 8]),
+            ],
         }
     }
 
@@ -55,6 +96,20 @@ impl ReportConfig {
             repeats: 1,
             cap_bytes: 4 * 1024 * 1024,
             capacity_candidates: capacity_candidates(8, 16, 256),
+            comparisons: vec![
+                Comparison {
+                    name: "small",
+                    model: GptConfig::new(8, 16, 1, 2),
+                    batch: |_| 8,
+                    ranks: vec![4, 8],
+                },
+                Comparison {
+                    name: "a",
+                    model: GptConfig::new(8, 24, 2, 2),
+                    batch: |n| 2 * n,
+                    ranks: vec![2, 4, 8],
+                },
+            ],
         }
     }
 }
@@ -91,6 +146,18 @@ struct TimeRow {
     ranks: usize,
     step_ms_median: f64,
     over_ddp: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct ComparisonRow {
+    model: &'static str,
+    strategy: &'static str,
+    ranks: usize,
+    step_ms_median: f64,
+    step_ms_min: f64,
+    step_ms_max: f64,
+    over_ddp: f64,
+    exchanges_per_step: f64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -167,6 +234,76 @@ fn capacity(
         }
     }
     Ok(best)
+}
+
+/// Step times of DDP, FSDP and RTP side by side on each comparison model, strategies
+/// alternating inside every round, and the exchanges each makes per step.
+fn compare(cfg: &ReportConfig, log: &dyn Fn(&str)) -> Result<Vec<ComparisonRow>, RtpError> {
+    let mut rows = Vec::new();
+    for c in &cfg.comparisons {
+        for &ranks in &c.ranks {
+            log(&format!(
+                "model {} at N = {ranks}: starting 3 worlds",
+                c.name
+            ));
+            let mut drivers = Vec::new();
+            for v in [Variant::Ddp, Variant::Fsdp, Variant::RtpOutOfPlace] {
+                let mut d = Driver::start(Case {
+                    variant: v,
+                    ranks,
+                    model: c.model.clone(),
+                    batch: (c.batch)(ranks),
+                    memory_cap: None,
+                })?;
+                let exchanges = d.exchanges_per_step(1)?;
+                drivers.push((v, d, exchanges));
+            }
+            let mut samples: Vec<Vec<f64>> = vec![Vec::new(); drivers.len()];
+            for round in 0..cfg.repeats {
+                for (i, (_, d, _)) in drivers.iter_mut().enumerate() {
+                    samples[i].push(d.steps(cfg.steps)? / cfg.steps as f64 * 1e3);
+                }
+                log(&format!(
+                    "model {} at N = {ranks}: timing round {}/{}",
+                    c.name,
+                    round + 1,
+                    cfg.repeats
+                ));
+            }
+            let ddp_ms = median(&samples[0]);
+            for (i, (v, _, exchanges)) in drivers.iter().enumerate() {
+                let ms = median(&samples[i]);
+                rows.push(ComparisonRow {
+                    model: c.name,
+                    strategy: v.name(),
+                    ranks,
+                    step_ms_median: ms,
+                    step_ms_min: samples[i].iter().copied().fold(f64::INFINITY, f64::min),
+                    step_ms_max: samples[i].iter().copied().fold(0.0, f64::max),
+                    over_ddp: ratio(ms, ddp_ms),
+                    exchanges_per_step: *exchanges,
+                });
+            }
+        }
+    }
+    Ok(rows)
+}
+
+/// Exchanges one rank makes during the backward of one Linear (with bias, input tracked)
+/// on `n` ranks, counted as they happen.
+pub fn syncs_per_linear_backward(n: usize) -> Result<f64, RtpError> {
+    use burn::nn::LinearConfig;
+    use burn::tensor::{Distribution, Tensor};
+    type B = burn::backend::Autodiff<burn_rtp::Rtp<burn::backend::NdArray>>;
+    let counts = burn_rtp::launch(burn_rtp::RtpConfig::new(n), |device| {
+        let linear = LinearConfig::new(64, 96).init::<B>(&device);
+        let x = Tensor::<B, 2>::random([16, 64], Distribution::Default, &device).require_grad();
+        let loss = linear.forward(x).sum();
+        let before = device.exchanges();
+        let _grads = loss.backward();
+        device.exchanges() - before
+    })?;
+    Ok(counts[0] as f64)
 }
 
 fn ratio(a: f64, b: f64) -> f64 {
@@ -249,6 +386,9 @@ pub fn run(cfg: &ReportConfig, log: &dyn Fn(&str)) -> Result<Value, Box<dyn std:
             }
         }
     }
+    let comparisons = compare(cfg, log)?;
+    log("exchanges of one Linear backward at N=4");
+    let syncs_linear_n4 = syncs_per_linear_backward(4)?;
     log("capacity search under the memory cap");
     let mut capacity_rows = Vec::new();
     for v in [Variant::Ddp, Variant::Fsdp, Variant::RtpOutOfPlace] {
@@ -299,7 +439,15 @@ pub fn run(cfg: &ReportConfig, log: &dyn Fn(&str)) -> Result<Value, Box<dyn std:
         "rtp_over_ddp_step_time_n4": time_n4,
         "capacity_rtp_over_ddp_n4": capacity_ratio,
         "overlap_fraction_n4": overlap_n4,
+        "syncs_per_linear_backward_n4": syncs_linear_n4,
     });
+    let mut headline = headline;
+    for c in &comparisons {
+        if c.strategy == "rtp-oop" {
+            headline[format!("rtp_over_ddp_step_time_{}_n{}", c.model, c.ranks)] =
+                json!(c.over_ddp);
+        }
+    }
     let machine = json!({
         "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
         "inner_backend": "ndarray (CPU)",
@@ -323,13 +471,22 @@ pub fn run(cfg: &ReportConfig, log: &dyn Fn(&str)) -> Result<Value, Box<dyn std:
     );
     obj.insert("step_time".into(), serde_json::to_value(&times)?);
     obj.insert("capacity".into(), serde_json::to_value(&capacity_rows)?);
+    obj.insert("comparisons".into(), serde_json::to_value(&comparisons)?);
     std::fs::write(
         cfg.out.join("report.json"),
         serde_json::to_string_pretty(&report)?,
     )?;
     std::fs::write(
         cfg.out.join("report.md"),
-        markdown(cfg, &headline, &machine, &memory, &times, &capacity_rows),
+        markdown(
+            cfg,
+            &headline,
+            &machine,
+            &memory,
+            &times,
+            &capacity_rows,
+            &comparisons,
+        ),
     )?;
     plots::memory(&cfg.out.join("memory.svg"), &memory, &cfg.ranks)?;
     plots::efficiency(&cfg.out.join("efficiency.svg"), &cfg.ranks, &efficiency)?;
@@ -338,7 +495,7 @@ pub fn run(cfg: &ReportConfig, log: &dyn Fn(&str)) -> Result<Value, Box<dyn std:
     Ok(report)
 }
 
-const TARGETS: [(&str, &str, f64, bool); 5] = [
+const TARGETS: [(&str, &str, f64, bool); 9] = [
     (
         "rtp_over_ddp_peak_n4",
         "RTP peak / DDP peak at N=4",
@@ -369,6 +526,30 @@ const TARGETS: [(&str, &str, f64, bool); 5] = [
         3.5,
         false,
     ),
+    (
+        "rtp_over_ddp_step_time_a_n4",
+        "RTP step time / DDP step time, config A, N=4",
+        1.05,
+        true,
+    ),
+    (
+        "rtp_over_ddp_step_time_small_n4",
+        "RTP step time / DDP step time, small model, N=4",
+        1.05,
+        true,
+    ),
+    (
+        "rtp_over_ddp_step_time_small_n8",
+        "RTP step time / DDP step time, small model, N=8",
+        1.10,
+        true,
+    ),
+    (
+        "syncs_per_linear_backward_n4",
+        "exchanges per Linear backward, N=4 (N-1 = 3)",
+        3.0,
+        true,
+    ),
 ];
 
 fn markdown(
@@ -378,6 +559,7 @@ fn markdown(
     memory: &[MemoryRow],
     times: &[TimeRow],
     capacity: &[CapacityRow],
+    comparisons: &[ComparisonRow],
 ) -> String {
     let mut md = String::from("# burn-rtp scaling report\n\n");
     md += &format!(
@@ -431,6 +613,33 @@ fn markdown(
         md += &format!(
             "| {} | {} | {:.1} ms | {:.3} |\n",
             t.strategy, t.ranks, t.step_ms_median, t.over_ddp
+        );
+    }
+    md += &format!(
+        "\n## Step time on further models (median, min and max of alternating samples)\n\nOne Linear backward made {} exchanges with its neighbours at N=4 (one ring pass: N-1 = 3). Exchanges per step are counted by the ranks as they happen; each step also ends with one barrier.\n\n| model | strategy | N | step (median) | min - max | / DDP | exchanges per step |\n|---|---|---|---|---|---|---|\n",
+        headline["syncs_per_linear_backward_n4"]
+    );
+    for c in comparisons {
+        let model = cfg.comparisons.iter().find(|m| m.name == c.model);
+        let shape = model.map_or(String::new(), |m| {
+            format!(
+                " (d_model {}, {} layers, context {}, batch {})",
+                m.model.d_model,
+                m.model.layers,
+                m.model.seq,
+                (m.batch)(c.ranks)
+            )
+        });
+        md += &format!(
+            "| {}{shape} | {} | {} | {:.1} ms | {:.1} - {:.1} ms | {:.3} | {:.0} |\n",
+            c.model,
+            c.strategy,
+            c.ranks,
+            c.step_ms_median,
+            c.step_ms_min,
+            c.step_ms_max,
+            c.over_ddp,
+            c.exchanges_per_step
         );
     }
     md += &format!(
@@ -637,6 +846,10 @@ pub fn check_keys(report: &Value) -> Result<(), String> {
         "rtp_over_ddp_step_time_n4",
         "capacity_rtp_over_ddp_n4",
         "overlap_fraction_n4",
+        "rtp_over_ddp_step_time_a_n4",
+        "rtp_over_ddp_step_time_small_n4",
+        "rtp_over_ddp_step_time_small_n8",
+        "syncs_per_linear_backward_n4",
     ] {
         match report.get(key).and_then(Value::as_f64) {
             Some(v) if v.is_finite() => {}

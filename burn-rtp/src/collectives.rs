@@ -52,7 +52,7 @@ fn exchange_with_all<B: Backend>(
                 own.clone()
             } else {
                 let mut got = received.next().expect("one message per peer");
-                charges.push(got.charge);
+                charges.append(&mut got.charges);
                 got.tensors.remove(0)
             }
         })
@@ -264,6 +264,37 @@ pub(crate) fn agree<B: Backend>(
 /// Blocks until every rank reaches the same barrier.
 pub(crate) fn barrier<B: Backend>(ctx: &RankCtx<B>) {
     all_reduce_sum_host(ctx, "barrier", Vec::new());
+}
+
+/// Sums a full per-rank tensor over all ranks and keeps this rank's column shard of the sum
+/// (a ring reduce-scatter split like `spec`): each rank receives only its shard's share.
+pub(crate) fn reduce_scatter_columns<B: Backend>(
+    ctx: &RankCtx<B>,
+    op: &'static str,
+    spec: &ShardSpec,
+    full: B::FloatTensorPrimitive,
+) -> B::FloatTensorPrimitive {
+    // The full per-rank tensor exists until the reduce-scatter has taken it apart.
+    let _full = crate::rotation::transient::<B>(ctx, std::slice::from_ref(&full));
+    let prefix: Vec<usize> = spec.full[..spec.full.num_dims() - 1].to_vec();
+    reduce_scatter(
+        ctx,
+        op,
+        |j| {
+            let mut s = prefix.clone();
+            s.push(spec.range(j).len);
+            vec![s]
+        },
+        |j| {
+            let range = spec.range(j);
+            vec![burn_rtp_kernels::column_slice::<B>(
+                full.clone(),
+                range.start,
+                range.len,
+            )]
+        },
+    )
+    .remove(0)
 }
 
 /// Sums an inner tensor over all ranks around the ring: a reduce-scatter of `N` chunks, then

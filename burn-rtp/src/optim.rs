@@ -2,8 +2,7 @@
 //! (LayerNorm gains, say): wrap the optimizer so that such gradients are averaged over ranks.
 
 use crate::backend::Rtp;
-use crate::collectives::all_reduce_ring;
-use crate::sharding::ShardRange;
+use crate::collectives::{all_reduce_ring, reduce_scatter_columns};
 use crate::tensor::{Layout, RtpTensor};
 use burn::module::{AutodiffModule, ModuleVisitor, Param};
 use burn::optim::{GradientsParams, LearningRate, MultiGradientsParams, Optimizer};
@@ -51,16 +50,19 @@ fn sync_gradient<I: Backend>(param: &Layout, grad: RtpTensor<I>) -> RtpTensor<I>
         return grad;
     }
     let ctx = grad.ctx.clone();
-    let n = ctx.world_size as f64;
-    let summed = all_reduce_ring(&ctx, "optimizer.average_gradient", grad.inner.clone());
-    let mean = I::float_mul_scalar(summed, Scalar::Float(1.0 / n));
+    let mean = |t| I::float_mul_scalar(t, Scalar::Float(1.0 / ctx.world_size as f64));
     match param {
+        // Each rank needs only its shard of the sum: a reduce-scatter, half an all-reduce.
         Layout::Sharded(spec) => {
-            let ShardRange { start, len } = spec.range(ctx.rank);
-            let part = burn_rtp_kernels::column_slice::<I>(mean, start, len);
-            RtpTensor::new(ctx, part, Layout::Sharded(spec.clone()))
+            let op = "optimizer.reduce_scatter_gradient";
+            let own = reduce_scatter_columns(&ctx, op, spec, grad.inner.clone());
+            RtpTensor::new(ctx.clone(), mean(own), Layout::Sharded(spec.clone()))
         }
-        _ => RtpTensor::new(ctx, mean, Layout::Replicated),
+        _ => {
+            let op = "optimizer.average_gradient";
+            let summed = all_reduce_ring(&ctx, op, grad.inner.clone());
+            RtpTensor::new(ctx.clone(), mean(summed), Layout::Replicated)
+        }
     }
 }
 

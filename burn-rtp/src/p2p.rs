@@ -92,7 +92,7 @@ type PostedRecv<B> = (Header, Box<dyn RecvHandle<Float<B>>>);
 pub(crate) struct Posted<B: Backend> {
     from: usize,
     handles: Vec<PostedRecv<B>>,
-    charge: Arc<Charge>,
+    charges: Vec<Arc<Charge>>,
     started: Option<std::time::Instant>,
 }
 
@@ -100,8 +100,8 @@ pub(crate) struct Posted<B: Backend> {
 pub(crate) struct Received<B: Backend> {
     /// The tensors, in the order their headers were posted.
     pub tensors: Vec<Float<B>>,
-    /// Held as long as the tensors are.
-    pub charge: Arc<Charge>,
+    /// One per tensor, held as long as it is.
+    pub charges: Vec<Arc<Charge>>,
 }
 
 /// Posts the receives of `expect` from `from`.
@@ -119,13 +119,17 @@ pub(crate) fn post<B: Backend>(
         .collect();
     // Charged after posting: a message already waiting in the inbox carried its own charge
     // until the receive took it, so the two never count the same buffer twice.
-    let charge = ctx
-        .ledger
-        .charge(Category::InFlight, bytes_of(&shapes, elem));
+    let charges = shapes
+        .iter()
+        .map(|s| {
+            ctx.ledger
+                .charge(Category::InFlight, bytes_of(std::slice::from_ref(s), elem))
+        })
+        .collect();
     Posted {
         from,
         handles,
-        charge,
+        charges,
         started,
     }
 }
@@ -154,7 +158,7 @@ pub(crate) fn complete<B: Backend>(ctx: &RankCtx<B>, posted: Posted<B>) -> Recei
     ctx.timeline.finish(IntervalKind::Transfer, posted.started);
     Received {
         tensors: adopt(ctx, received),
-        charge: posted.charge,
+        charges: posted.charges,
     }
 }
 

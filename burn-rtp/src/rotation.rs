@@ -116,7 +116,19 @@ pub(crate) struct Pass<B: Backend, C, S, T> {
 struct OnHand<B: Backend> {
     rotating: Vec<Float<B>>,
     travelling: Vec<Float<B>>,
-    _charges: Vec<Arc<Charge>>,
+    rotating_charges: Vec<Arc<Charge>>,
+    travelling_charges: Vec<Arc<Charge>>,
+}
+
+impl<B: Backend> OnHand<B> {
+    fn empty() -> Self {
+        Self {
+            rotating: Vec::new(),
+            travelling: Vec::new(),
+            rotating_charges: Vec::new(),
+            travelling_charges: Vec::new(),
+        }
+    }
 }
 
 /// One trip around the ring; see the module docs. At step `t` rank `r` holds rotating shard
@@ -163,8 +175,7 @@ pub(crate) fn ring_pass<B: Backend>(
     };
     let mut on_hand = OnHand::<B> {
         rotating: own,
-        travelling: Vec::new(),
-        _charges: Vec::new(),
+        ..OnHand::empty()
     };
     let mut contribute = |j: usize, elem: &mut Option<usize>| -> Vec<Float<B>> {
         if !travels {
@@ -193,6 +204,8 @@ pub(crate) fn ring_pass<B: Backend>(
                 .map(|(a, m)| B::float_add(a, m))
                 .collect()
         };
+        // The arrived buffer became `summed` (charged below).
+        on_hand.travelling_charges.clear();
         if t + 1 == ring.n {
             timed(ctx, || compute(j, &on_hand.rotating));
             fence(ctx);
@@ -240,16 +253,9 @@ pub(crate) fn ring_pass<B: Backend>(
             fence(ctx);
             let OnHand {
                 rotating,
-                travelling: _,
-                _charges: mut charges,
-            } = std::mem::replace(
-                &mut on_hand,
-                OnHand {
-                    rotating: Vec::new(),
-                    travelling: Vec::new(),
-                    _charges: Vec::new(),
-                },
-            );
+                rotating_charges: mut charges,
+                ..
+            } = std::mem::replace(&mut on_hand, OnHand::empty());
             charges.push(summed_charge);
             let mut bundle = rotating;
             bundle.extend(summed);
@@ -266,13 +272,15 @@ pub(crate) fn ring_pass<B: Backend>(
         };
         let Received {
             mut tensors,
-            charge,
+            mut charges,
         } = got;
         let travelling = tensors.split_off(k);
+        let travelling_charges = charges.split_off(k);
         on_hand = OnHand {
             rotating: tensors,
             travelling,
-            _charges: vec![charge],
+            rotating_charges: charges,
+            travelling_charges,
         };
     }
     unreachable!(

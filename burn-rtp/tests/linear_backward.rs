@@ -200,3 +200,73 @@ fn one_linear_backward_makes_n_minus_one_exchanges() {
         }
     }
 }
+
+/// Per-column weights, so that every gain gets a different gradient.
+fn column_weights<B: Backend>(device: &B::Device) -> Tensor<B, 2> {
+    let values = (0..D_IN).map(|i| i as f32).collect::<Vec<_>>();
+    Tensor::from_data(TensorData::new(values, [1, D_IN]), device)
+}
+
+#[test]
+fn gradients_used_outside_rotated_ops_reach_their_shard_by_reduce_scatter() {
+    use burn::nn::LayerNormConfig;
+    use burn::optim::GradientsParams;
+    for n in [2, 3, 4] {
+        // Single-device reference: the gradient of the mean of the ranks' losses.
+        let device = Default::default();
+        let bytes = to_bytes(LayerNormConfig::new(D_IN).init::<burn::backend::NdArray>(&device));
+        let ln = load_bytes(
+            LayerNormConfig::new(D_IN).init::<Single>(&device),
+            &bytes,
+            &device,
+        );
+        let total = (0..n)
+            .map(|r| {
+                let y = ln.forward(input::<Single>(r + 3, &device));
+                (y.clone() * y * column_weights::<Single>(&device)).sum()
+            })
+            .reduce(|a, b| a + b)
+            .unwrap()
+            / n as f32;
+        let grads = total.backward();
+        let want = ln
+            .gamma
+            .grad(&grads)
+            .unwrap()
+            .into_data()
+            .to_vec::<f32>()
+            .unwrap();
+        let runs = launch(RtpConfig::new(n), move |device| {
+            let ln = load_bytes(
+                LayerNormConfig::new(D_IN).init::<Dist>(&device),
+                &bytes,
+                &device,
+            );
+            let y = ln.forward(input::<Dist>(device.rank() + 3, &device));
+            let loss = (y.clone() * y * column_weights::<Dist>(&device)).sum();
+            let mut grads = GradientsParams::from_grads(loss.backward(), &ln);
+            let before = device.exchanges();
+            burn_rtp::sync_gradients::<_, Dist, burn::backend::NdArray>(&ln, &mut grads);
+            let used = device.exchanges() - before;
+            let g = grads
+                .get::<Rtp<burn::backend::NdArray>, 1>(ln.gamma.id)
+                .expect("gamma has a gradient");
+            (g.into_data().to_vec::<f32>().unwrap(), used)
+        })
+        .expect("every rank runs");
+        for (rank, (got, used)) in runs.iter().enumerate() {
+            // gamma and beta: one reduce-scatter each, N - 1 exchanges apiece.
+            assert_eq!(
+                *used,
+                2 * (n as u64 - 1),
+                "N={n} rank {rank}: {used} exchanges"
+            );
+            for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    rel_close(*a, *b, 1e-4),
+                    "N={n} rank {rank}: gamma grad {i}: {a} vs {b}"
+                );
+            }
+        }
+    }
+}

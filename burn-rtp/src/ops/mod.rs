@@ -122,7 +122,7 @@ fn check_same_rank<B: Backend>(op: &str, a: &Arc<RankCtx<B>>, b: &Arc<RankCtx<B>
 ///
 /// * local or replicated with each other: computed as is (replicated only if both are);
 /// * two shards of the same split: shard-local;
-/// * a shard with a tensor that broadcasts along the last dimension: shard-local;
+/// * a shard with a replicated tensor that broadcasts along the last dimension: shard-local;
 /// * a shard with a replicated tensor: the replicated one is sliced to the shard;
 /// * a shard or replicated tensor with a same-shape local tensor: an error, because that is
 ///   what an un-averaged gradient meeting its parameter looks like;
@@ -188,7 +188,9 @@ fn sharded_with_full<B: Backend>(
     let ctx = shard.ctx.clone();
     let os = other.shape();
     let out_spec = spec.with_full(out.clone());
-    if last_dim(&os) == 1 && last_dim(&out) == spec.last() {
+    // Broadcasting along the columns keeps a shard a shard only if the other operand is the
+    // same on every rank: a local one (per-rank data) would make the "shard" differ by rank.
+    if last_dim(&os) == 1 && last_dim(&out) == spec.last() && other.layout == Layout::Replicated {
         let inner = f(shard.inner.clone(), other.inner);
         return shard.derive(inner, Layout::Sharded(out_spec));
     }

@@ -5,9 +5,9 @@
 use super::{full_inner, Float};
 use crate::accounting::Category;
 use crate::backend::Rtp;
-use crate::collectives::all_gather;
+use crate::collectives::{all_gather, reduce_scatter_columns};
 use crate::config::Strategy;
-use crate::rotation::{reduce_scatter, rotate_columns, transient};
+use crate::rotation::{reduce_scatter, rotate_columns};
 use crate::sharding::ShardSpec;
 use crate::tensor::{Held, Layout, RtpTensor};
 use crate::world::RankCtx;
@@ -55,27 +55,7 @@ pub(super) fn reduce_scatter_full<B: Backend>(
     spec: ShardSpec,
     full: Float<B>,
 ) -> RtpTensor<B> {
-    // The full local gradient exists until the reduce-scatter has taken it apart.
-    let _full = transient::<B>(ctx, std::slice::from_ref(&full));
-    let prefix: Vec<usize> = spec.full[..spec.full.num_dims() - 1].to_vec();
-    let mut own = reduce_scatter(
-        ctx,
-        op,
-        |j| {
-            let mut s = prefix.clone();
-            s.push(spec.range(j).len);
-            vec![s]
-        },
-        |j| {
-            let range = spec.range(j);
-            vec![kernels::column_slice::<B>(
-                full.clone(),
-                range.start,
-                range.len,
-            )]
-        },
-    );
-    let g = mean_over_ranks(ctx, own.remove(0));
+    let g = mean_over_ranks(ctx, reduce_scatter_columns(ctx, op, &spec, full));
     RtpTensor::new(ctx.clone(), g, Layout::Sharded(spec))
 }
 
