@@ -84,6 +84,13 @@ struct TrainArgs {
     /// Attention heads.
     #[arg(long, default_value_t = 4)]
     heads: usize,
+    /// Use the token embedding as the LM head too (GPT-2's weight tying).
+    #[arg(long)]
+    tie_embeddings: bool,
+    /// Replicate parameters with fewer elements than this instead of sharding them
+    /// (default: the library's measured crossover, 65536; 0 shards every parameter).
+    #[arg(long)]
+    shard_threshold: Option<usize>,
     /// Adam learning rate.
     #[arg(long, default_value_t = 3e-3)]
     lr: f64,
@@ -276,7 +283,9 @@ fn main() -> ExitCode {
     cfg.rotation = a.rotation;
     cfg.steps = a.steps;
     cfg.batch = a.batch;
-    cfg.model = GptConfig::new(a.seq, a.d_model, a.layers, a.heads);
+    cfg.model =
+        GptConfig::new(a.seq, a.d_model, a.layers, a.heads).with_tie_embeddings(a.tie_embeddings);
+    cfg.shard_threshold = a.shard_threshold;
     cfg.lr = a.lr;
     cfg.seed = a.seed;
     cfg.data = a.data.clone();

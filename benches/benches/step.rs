@@ -25,6 +25,7 @@ fn step(c: &mut Criterion) {
                     model: model.clone(),
                     batch,
                     memory_cap: None,
+                    shard_threshold: None,
                 };
                 let mut driver = Driver::start(case).expect("the world starts");
                 driver.steps(1).expect("warm-up step");

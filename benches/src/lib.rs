@@ -81,6 +81,9 @@ pub struct Case {
     pub batch: usize,
     /// Per-rank memory cap.
     pub memory_cap: Option<u64>,
+    /// Parameters with fewer elements are replicated instead of sharded (`None`: the
+    /// trainer's default).
+    pub shard_threshold: Option<usize>,
 }
 
 /// The two benchmark models.
@@ -193,6 +196,9 @@ impl Driver {
         let mut config = strategy.rtp_config(case.ranks, rotation);
         if let Some(cap) = case.memory_cap {
             config = config.with_memory_cap(cap);
+        }
+        if let Some(elements) = case.shard_threshold {
+            config = config.with_shard_threshold(elements);
         }
         let ranks = config.world_size;
         let mut senders = Vec::new();

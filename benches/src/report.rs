@@ -29,6 +29,9 @@ pub struct ReportConfig {
     pub capacity_candidates: Vec<GptConfig>,
     /// Further models whose step time is compared across strategies.
     pub comparisons: Vec<Comparison>,
+    /// Shard thresholds (elements) tried on each comparison model at N=4: parameters
+    /// smaller than the threshold are replicated instead of rotated.
+    pub thresholds: Vec<usize>,
 }
 
 /// A model whose RTP, FSDP and DDP step times (and exchanges per step) are compared.
@@ -82,6 +85,7 @@ impl ReportConfig {
                 Comparison::small(vec![4, 8]),
                 Comparison::config_a(vec![2, 4, 8]),
             ],
+            thresholds: vec![0, 4096, 16384, 65536, 262144],
         }
     }
 
@@ -110,6 +114,7 @@ impl ReportConfig {
                     ranks: vec![2, 4, 8],
                 },
             ],
+            thresholds: vec![0, 1024],
         }
     }
 }
@@ -161,6 +166,15 @@ struct ComparisonRow {
 }
 
 #[derive(Debug, Clone, Serialize)]
+struct ThresholdRow {
+    model: &'static str,
+    ranks: usize,
+    shard_threshold: usize,
+    step_ms_median: f64,
+    over_ddp: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
 struct CapacityRow {
     strategy: &'static str,
     ranks: usize,
@@ -201,6 +215,7 @@ fn fits(
         model: model.clone(),
         batch,
         memory_cap: Some(cap),
+        shard_threshold: None,
     };
     let mut driver = match Driver::start(case) {
         Ok(d) => d,
@@ -254,6 +269,7 @@ fn compare(cfg: &ReportConfig, log: &dyn Fn(&str)) -> Result<Vec<ComparisonRow>,
                     model: c.model.clone(),
                     batch: (c.batch)(ranks),
                     memory_cap: None,
+                    shard_threshold: None,
                 })?;
                 let exchanges = d.exchanges_per_step(1)?;
                 drivers.push((v, d, exchanges));
@@ -284,6 +300,49 @@ fn compare(cfg: &ReportConfig, log: &dyn Fn(&str)) -> Result<Vec<ComparisonRow>,
                     exchanges_per_step: *exchanges,
                 });
             }
+        }
+    }
+    Ok(rows)
+}
+
+/// RTP's step time against DDP's at N=4 for each shard threshold, all alternating in one run.
+fn threshold_sweep(cfg: &ReportConfig, log: &dyn Fn(&str)) -> Result<Vec<ThresholdRow>, RtpError> {
+    let ranks = 4;
+    let mut rows = Vec::new();
+    for c in &cfg.comparisons {
+        log(&format!(
+            "model {}: shard thresholds {:?} at N = {ranks}",
+            c.name, cfg.thresholds
+        ));
+        let case = |variant, threshold| Case {
+            variant,
+            ranks,
+            model: c.model.clone(),
+            batch: (c.batch)(ranks),
+            memory_cap: None,
+            shard_threshold: threshold,
+        };
+        let mut drivers = vec![(0, Driver::start(case(Variant::Ddp, None))?)];
+        for &t in &cfg.thresholds {
+            drivers.push((t, Driver::start(case(Variant::RtpOutOfPlace, Some(t)))?));
+        }
+        let mut samples: Vec<Vec<f64>> = vec![Vec::new(); drivers.len()];
+        for _ in 0..cfg.repeats {
+            for (i, (_, d)) in drivers.iter_mut().enumerate() {
+                d.steps(1)?;
+                samples[i].push(d.steps(cfg.steps)? / cfg.steps as f64 * 1e3);
+            }
+        }
+        let ddp_ms = median(&samples[0]);
+        for (i, (t, _)) in drivers.iter().enumerate().skip(1) {
+            let ms = median(&samples[i]);
+            rows.push(ThresholdRow {
+                model: c.name,
+                ranks,
+                shard_threshold: *t,
+                step_ms_median: ms,
+                over_ddp: ratio(ms, ddp_ms),
+            });
         }
     }
     Ok(rows)
@@ -334,6 +393,7 @@ pub fn run(cfg: &ReportConfig, log: &dyn Fn(&str)) -> Result<Value, Box<dyn std:
                 model: cfg.model.clone(),
                 batch: cfg.batch,
                 memory_cap: None,
+                shard_threshold: None,
             })?;
             d.steps(1)?;
             d.reset_peaks()?;
@@ -387,6 +447,7 @@ pub fn run(cfg: &ReportConfig, log: &dyn Fn(&str)) -> Result<Value, Box<dyn std:
         }
     }
     let comparisons = compare(cfg, log)?;
+    let thresholds = threshold_sweep(cfg, log)?;
     log("exchanges of one Linear backward at N=4");
     let syncs_linear_n4 = syncs_per_linear_backward(4)?;
     log("capacity search under the memory cap");
@@ -472,6 +533,10 @@ pub fn run(cfg: &ReportConfig, log: &dyn Fn(&str)) -> Result<Value, Box<dyn std:
     obj.insert("step_time".into(), serde_json::to_value(&times)?);
     obj.insert("capacity".into(), serde_json::to_value(&capacity_rows)?);
     obj.insert("comparisons".into(), serde_json::to_value(&comparisons)?);
+    obj.insert(
+        "shard_thresholds".into(),
+        serde_json::to_value(&thresholds)?,
+    );
     std::fs::write(
         cfg.out.join("report.json"),
         serde_json::to_string_pretty(&report)?,
@@ -486,6 +551,7 @@ pub fn run(cfg: &ReportConfig, log: &dyn Fn(&str)) -> Result<Value, Box<dyn std:
             &times,
             &capacity_rows,
             &comparisons,
+            &thresholds,
         ),
     )?;
     plots::memory(&cfg.out.join("memory.svg"), &memory, &cfg.ranks)?;
@@ -560,6 +626,7 @@ fn markdown(
     times: &[TimeRow],
     capacity: &[CapacityRow],
     comparisons: &[ComparisonRow],
+    thresholds: &[ThresholdRow],
 ) -> String {
     let mut md = String::from("# burn-rtp scaling report\n\n");
     md += &format!(
@@ -640,6 +707,13 @@ fn markdown(
             c.step_ms_max,
             c.over_ddp,
             c.exchanges_per_step
+        );
+    }
+    md += "\n## Replicating small layers (shard threshold), N=4\n\nParameters with fewer elements than the threshold are replicated (data-parallel) instead of rotated. RTP (out-of-place) step time against DDP, all alternating in one run:\n\n| model | threshold (elements) | step (median) | / DDP |\n|---|---|---|---|\n";
+    for t in thresholds {
+        md += &format!(
+            "| {} | {} | {:.1} ms | {:.3} |\n",
+            t.model, t.shard_threshold, t.step_ms_median, t.over_ddp
         );
     }
     md += &format!(

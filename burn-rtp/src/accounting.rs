@@ -91,12 +91,6 @@ impl Ledger {
                 });
             }
         }
-        self.account(cat, bytes)
-    }
-
-    /// Charges `bytes` that already exist (a message handed to this rank) without checking
-    /// the cap: there is no allocation to refuse, and the caller may be another rank.
-    pub fn account(self: &Arc<Self>, cat: Category, bytes: usize) -> Arc<Charge> {
         self.add(cat, bytes as i64);
         Arc::new(Charge {
             ledger: self.clone(),

@@ -32,6 +32,7 @@ fn exchange_with_all<B: Backend>(
             peer: src,
             headers: vec![header(src)],
             tensors: &[],
+            hold: Vec::new(),
         })
         .collect();
     let sends = peers
@@ -40,6 +41,8 @@ fn exchange_with_all<B: Backend>(
             peer: dst,
             headers: vec![header(rank)],
             tensors: &own,
+            // The caller keeps `own` (and its charge) alive through the exchange.
+            hold: Vec::new(),
         })
         .collect();
     let (_, received) = exchange(ctx, receives, sends, elem, || ());

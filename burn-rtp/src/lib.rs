@@ -21,9 +21,11 @@ pub mod timeline;
 pub mod transport;
 mod world;
 
-pub use accounting::{human_bytes, peak_rss_bytes, Category, Ledger, MemoryStats};
+pub use accounting::{human_bytes, peak_rss_bytes, Category, Charge, Ledger, MemoryStats};
 pub use backend::Rtp;
-pub use config::{Chaos, Delivery, RotationMode, RtpConfig, Strategy, TransportKind};
+pub use config::{
+    Chaos, Delivery, RotationMode, RtpConfig, Strategy, TransportKind, DEFAULT_SHARD_THRESHOLD,
+};
 pub use consolidate::{consolidate, gather_module};
 pub use device::RtpDevice;
 pub use error::{RtpError, RtpResult};

@@ -166,11 +166,13 @@ pub(crate) fn complete<B: Backend>(ctx: &RankCtx<B>, posted: Posted<B>) -> Recei
 pub(crate) struct Started(Vec<Box<dyn SendHandle>>);
 
 /// Starts sending `tensors` to `to`, one message per tensor under the matching header.
+/// `hold` are the charges of the tensors' buffers, which a waiting message keeps alive.
 pub(crate) fn start<B: Backend>(
     ctx: &RankCtx<B>,
     to: usize,
     headers: Vec<Header>,
     tensors: &[Float<B>],
+    hold: &[Arc<Charge>],
 ) -> Started {
     // The tensors must be written before another rank's thread may read them.
     fence(ctx);
@@ -178,7 +180,10 @@ pub(crate) fn start<B: Backend>(
         headers
             .into_iter()
             .zip(tensors)
-            .map(|(h, t)| ctx.check(ctx.transport.isend(to, h, to_payload(ctx, t.clone()))))
+            .map(|(h, t)| {
+                let payload = to_payload(ctx, t.clone());
+                ctx.check(ctx.transport.isend(to, h, payload, hold.to_vec()))
+            })
             .collect(),
     )
 }
@@ -198,6 +203,8 @@ pub(crate) struct Leg<'a, B: Backend> {
     pub headers: Vec<Header>,
     /// The tensors to send (empty for a receive).
     pub tensors: &'a [Float<B>],
+    /// The charges of the tensors sent, kept alive while a message waits to be taken.
+    pub hold: Vec<Arc<Charge>>,
 }
 
 /// Exchanges messages with any set of peers and runs `compute` while they move: posts every
@@ -218,7 +225,7 @@ pub(crate) fn exchange<B: Backend, R>(
         .collect();
     let started: Vec<Started> = sends
         .into_iter()
-        .map(|leg| start(ctx, leg.peer, leg.headers, leg.tensors))
+        .map(|leg| start(ctx, leg.peer, leg.headers, leg.tensors, &leg.hold))
         .collect();
     let out = compute();
     for s in started {
@@ -246,7 +253,7 @@ pub(crate) fn swap<B: Backend>(
     if ctx.transport.buffers_sends() {
         ctx.exchanges
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let started = start(ctx, to, outgoing, &buffer);
+        let started = start(ctx, to, outgoing, &buffer, &held);
         finish(ctx, started);
         drop(buffer);
         drop(held);
@@ -256,11 +263,13 @@ pub(crate) fn swap<B: Backend>(
         peer: from,
         headers: incoming,
         tensors: &[],
+        hold: Vec::new(),
     };
     let send = Leg {
         peer: to,
         headers: outgoing,
         tensors: &buffer,
+        hold: held,
     };
     let (_, mut received) = exchange(ctx, vec![recv], vec![send], elem, || ());
     received.remove(0)

@@ -226,15 +226,19 @@ pub(crate) fn ring_pass<B: Backend>(
         let got = if out_of_place {
             let mut outgoing_tensors = on_hand.rotating.clone();
             outgoing_tensors.extend(summed.iter().cloned());
+            let mut hold = on_hand.rotating_charges.clone();
+            hold.push(summed_charge.clone());
             let recv = Leg {
                 peer: ring.prev(),
                 headers: incoming,
                 tensors: &[],
+                hold: Vec::new(),
             };
             let send = Leg {
                 peer: ring.next(),
                 headers: outgoing,
                 tensors: &outgoing_tensors,
+                hold,
             };
             let next = ring.travelling(t + 1);
             let (next_mine, mut received) =

@@ -242,7 +242,6 @@ pub fn register_device<B: Backend>(
 ) -> RtpResult<RtpDevice<B>> {
     crate::launch::check_rank(rank, config.world_size)?;
     let ledger = Ledger::for_rank(rank, config.memory_cap);
-    transport.attach_ledger(ledger.clone());
     let copy_on_receive = config
         .copy_on_receive
         .unwrap_or_else(|| !B::name(&inner).starts_with("ndarray"));

@@ -12,7 +12,7 @@ type Dist = Autodiff<Rtp<NdArray>>;
 #[test]
 fn consolidated_weights_load_into_single_device_burn() {
     let world = 3;
-    let out = launch(RtpConfig::new(world), |device| {
+    let out = launch(RtpConfig::new(world).with_shard_threshold(0), |device| {
         let mut model = TinyLm::<Dist>::new(&device);
         let mut optim = RtpOptimizer::new(adam().init());
         for step in 0..3 {

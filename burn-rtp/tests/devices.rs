@@ -15,7 +15,7 @@ fn one_rank_world() -> Result<RtpDevice<NdArray>, RtpError> {
         1,
         Default::default(),
         Arc::new(hub.endpoint(0)),
-        RtpConfig::new(1),
+        RtpConfig::new(1).with_shard_threshold(0),
     )
 }
 

@@ -63,7 +63,7 @@ macro_rules! cases {
     ($($name:ident: $run:ident, $n:expr, $mode:expr;)*) => {
         $(#[test]
         fn $name() {
-            $run(RtpConfig::new($n).with_rotation($mode));
+            $run(RtpConfig::new($n).with_shard_threshold(0).with_rotation($mode));
         })*
 
         /// The same cases where a send completes only once its receive has taken it (as with
@@ -72,7 +72,7 @@ macro_rules! cases {
             use super::*;
             $(#[test]
             fn $name() {
-                $run(rendezvous(RtpConfig::new($n).with_rotation($mode)));
+                $run(rendezvous(RtpConfig::new($n).with_shard_threshold(0).with_rotation($mode)));
             })*
 
             #[test]
@@ -114,8 +114,16 @@ fn baselines_match_single_device() {
 
 fn baselines(transport: fn(RtpConfig) -> RtpConfig) {
     for strategy in [Strategy::Fsdp, Strategy::Ddp] {
-        run_mlp_with(transport(RtpConfig::new(4).with_strategy(strategy)));
-        run_lm_with(transport(RtpConfig::new(3).with_strategy(strategy)));
+        run_mlp_with(transport(
+            RtpConfig::new(4)
+                .with_shard_threshold(0)
+                .with_strategy(strategy),
+        ));
+        run_lm_with(transport(
+            RtpConfig::new(3)
+                .with_shard_threshold(0)
+                .with_strategy(strategy),
+        ));
     }
 }
 
@@ -143,7 +151,7 @@ fn parameters_are_sharded_and_gathers_are_limited_to_layer_norm() {
         }
     }
     let world = 4;
-    let out = launch(RtpConfig::new(world), |device| {
+    let out = launch(RtpConfig::new(world).with_shard_threshold(0), |device| {
         let model = TinyLm::<Dist>::new(&device);
         let mut v = Layouts(Vec::new());
         model.visit(&mut v);

@@ -14,7 +14,7 @@ type Dist = burn::backend::Autodiff<Rtp<burn::backend::NdArray>>;
 #[test]
 fn world_size_zero_is_rejected() {
     let err = launch(
-        RtpConfig::new(0),
+        RtpConfig::new(0).with_shard_threshold(0),
         |_device: burn_rtp::RtpDevice<burn::backend::NdArray>| (),
     )
     .unwrap_err();
@@ -37,7 +37,7 @@ fn a_rank_outside_the_world_is_rejected() {
         1,
         Default::default(),
         std::sync::Arc::new(hub.endpoint(0)),
-        RtpConfig::new(4),
+        RtpConfig::new(4).with_shard_threshold(0),
     )
     .unwrap_err();
     assert_eq!(
@@ -53,7 +53,7 @@ fn a_rank_outside_the_world_is_rejected() {
 
 #[test]
 fn ranks_that_disagree_on_a_parameter_shape_fail_with_desync() {
-    let err = launch(RtpConfig::new(2), |device| {
+    let err = launch(RtpConfig::new(2).with_shard_threshold(0), |device| {
         let d_out = if device.rank() == 0 { 16 } else { 17 };
         let layer: Linear<Dist> = LinearConfig::new(8, d_out).init(&device);
         let x = Tensor::<Dist, 2>::random([4, 8], Distribution::Default, &device);
@@ -68,7 +68,7 @@ fn ranks_that_disagree_on_a_parameter_shape_fail_with_desync() {
 
 #[test]
 fn ranks_that_disagree_on_the_op_sequence_fail_with_desync() {
-    let err = launch(RtpConfig::new(3), |device| {
+    let err = launch(RtpConfig::new(3).with_shard_threshold(0), |device| {
         let layer: Linear<Dist> = LinearConfig::new(8, 12).init(&device);
         let x = Tensor::<Dist, 2>::random([4, 8], Distribution::Default, &device);
         if device.rank() == 1 {
@@ -85,7 +85,7 @@ fn ranks_that_disagree_on_the_op_sequence_fail_with_desync() {
 #[test]
 fn a_panicking_rank_stops_every_rank_quickly_and_is_named() {
     let start = Instant::now();
-    let err = launch(RtpConfig::new(4), |device| {
+    let err = launch(RtpConfig::new(4).with_shard_threshold(0), |device| {
         let mut model = Mlp::<Dist>::new(&device);
         let mut optim = burn_rtp::RtpOptimizer::new(adam().init());
         for step in 0..20 {
@@ -115,7 +115,7 @@ fn a_panicking_rank_stops_every_rank_quickly_and_is_named() {
 #[test]
 fn a_rank_returning_an_error_stops_the_others() {
     let start = Instant::now();
-    let err = try_launch(RtpConfig::new(3), |device| {
+    let err = try_launch(RtpConfig::new(3).with_shard_threshold(0), |device| {
         let layer: Linear<Dist> = LinearConfig::new(8, 12).init(&device);
         for step in 0..50 {
             if device.rank() == 0 && step == 2 {
@@ -137,7 +137,7 @@ fn a_rank_returning_an_error_stops_the_others() {
 #[test]
 fn a_rank_that_exits_early_does_not_hang_the_others() {
     let start = Instant::now();
-    let err = launch(RtpConfig::new(2), |device| {
+    let err = launch(RtpConfig::new(2).with_shard_threshold(0), |device| {
         let layer: Linear<Dist> = LinearConfig::new(8, 12).init(&device);
         let steps = if device.rank() == 0 { 1 } else { 5 };
         for _ in 0..steps {
@@ -162,7 +162,7 @@ fn a_rank_that_exits_early_does_not_hang_the_others() {
 
 #[test]
 fn forgetting_the_optimizer_wrapper_is_reported() {
-    let err = launch(RtpConfig::new(2), |device| {
+    let err = launch(RtpConfig::new(2).with_shard_threshold(0), |device| {
         let mut model = TinyLm::<Dist>::new(&device);
         let mut optim = adam().init();
         for step in 0..2 {

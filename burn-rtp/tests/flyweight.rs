@@ -25,7 +25,7 @@ fn materialise<B: Backend, M: Module<B>>(m: &M) {
 fn init_peak_is_own_shards_plus_one_shard_even_for_a_model_8x_the_budget() {
     let world = 16;
     let (d_model, d_ff, layers) = (64, 256, 4);
-    let out = launch(RtpConfig::new(world), |device| {
+    let out = launch(RtpConfig::new(world).with_shard_threshold(0), |device| {
         device.reset_memory_peak();
         let model = TinyLm::<Dist>::sized(d_model, d_ff, layers, &device);
         materialise(&model);
@@ -55,7 +55,7 @@ fn init_peak_is_own_shards_plus_one_shard_even_for_a_model_8x_the_budget() {
 #[test]
 fn the_same_seed_draws_the_same_model_for_every_world_size() {
     let draw = |world: usize| {
-        launch(RtpConfig::new(world), |device| {
+        launch(RtpConfig::new(world).with_shard_threshold(0), |device| {
             Dist::seed(&device, 1234);
             let model = TinyLm::<Dist>::new(&device);
             param_values(&model)

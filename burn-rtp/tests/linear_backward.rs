@@ -129,10 +129,15 @@ fn reference(case: Case) -> Vec<Vec<f32>> {
 /// Each rank's gradients and the exchanges its backward made.
 fn distributed(case: Case, n: usize, mode: RotationMode) -> Vec<(Vec<Vec<f32>>, u64)> {
     let bytes = weights();
-    launch(RtpConfig::new(n).with_rotation(mode), move |device| {
-        let model = load_bytes(Pair::<Dist>::new(&device), &bytes, &device);
-        gradients(case, model, &device, || device.exchanges())
-    })
+    launch(
+        RtpConfig::new(n)
+            .with_shard_threshold(0)
+            .with_rotation(mode),
+        move |device| {
+            let model = load_bytes(Pair::<Dist>::new(&device), &bytes, &device);
+            gradients(case, model, &device, || device.exchanges())
+        },
+    )
     .expect("every rank runs")
 }
 
@@ -236,7 +241,7 @@ fn gradients_used_outside_rotated_ops_reach_their_shard_by_reduce_scatter() {
             .into_data()
             .to_vec::<f32>()
             .unwrap();
-        let runs = launch(RtpConfig::new(n), move |device| {
+        let runs = launch(RtpConfig::new(n).with_shard_threshold(0), move |device| {
             let ln = load_bytes(
                 LayerNormConfig::new(D_IN).init::<Dist>(&device),
                 &bytes,

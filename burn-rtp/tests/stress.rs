@@ -23,10 +23,26 @@ const PARALLEL_WORLDS: usize = 3;
 fn configs() -> Vec<RtpConfig> {
     let mut out = Vec::new();
     for n in [2, 3, 4, 8] {
-        out.push(RtpConfig::new(n).with_rotation(RotationMode::OutOfPlace));
-        out.push(RtpConfig::new(n).with_rotation(RotationMode::InPlace));
-        out.push(RtpConfig::new(n).with_strategy(Strategy::Fsdp));
-        out.push(RtpConfig::new(n).with_strategy(Strategy::Ddp));
+        out.push(
+            RtpConfig::new(n)
+                .with_shard_threshold(0)
+                .with_rotation(RotationMode::OutOfPlace),
+        );
+        out.push(
+            RtpConfig::new(n)
+                .with_shard_threshold(0)
+                .with_rotation(RotationMode::InPlace),
+        );
+        out.push(
+            RtpConfig::new(n)
+                .with_shard_threshold(0)
+                .with_strategy(Strategy::Fsdp),
+        );
+        out.push(
+            RtpConfig::new(n)
+                .with_shard_threshold(0)
+                .with_strategy(Strategy::Ddp),
+        );
     }
     out
 }

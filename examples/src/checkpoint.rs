@@ -99,6 +99,10 @@ pub struct Manifest {
     pub lr: f64,
     /// Data seed.
     pub seed: u64,
+    /// Parameters below this many elements were replicated, not sharded (0 in checkpoints
+    /// written before the threshold existed, when every parameter was sharded).
+    #[serde(default)]
+    pub shard_threshold: usize,
     /// Per rank: which full shape each saved shard shape stands for.
     pub shard_maps: Vec<ShardMap>,
     /// Every file of the checkpoint.
@@ -144,6 +148,8 @@ pub struct RunInfo<'a> {
     pub lr: f64,
     /// Data seed.
     pub seed: u64,
+    /// Parameters below this many elements were replicated, not sharded.
+    pub shard_threshold: usize,
 }
 
 /// Writes a checkpoint of `step` under `root` (a collective: every rank calls it).
@@ -212,6 +218,7 @@ where
             batch: info.batch,
             lr: info.lr,
             seed: info.seed,
+            shard_threshold: info.shard_threshold,
             shard_maps: Vec::new(),
             files: Vec::new(),
         };
@@ -337,6 +344,13 @@ impl Manifest {
                 format!("{:?}", info.model),
             ));
         }
+        if self.shard_threshold != info.shard_threshold {
+            return Err(mismatch(
+                "shard threshold",
+                self.shard_threshold.to_string(),
+                info.shard_threshold.to_string(),
+            ));
+        }
         if self.batch != info.batch {
             return Err(mismatch(
                 "global batch",
@@ -404,7 +418,9 @@ pub fn consolidate_checkpoint<I: Backend>(
             path: dir.join(MANIFEST),
             reason: e,
         })?;
-    let config = strategy.rtp_config(manifest.world_size, burn_rtp::RotationMode::OutOfPlace);
+    let config = strategy
+        .rtp_config(manifest.world_size, burn_rtp::RotationMode::OutOfPlace)
+        .with_shard_threshold(manifest.shard_threshold);
     let result = burn_rtp::try_launch::<I, _, CheckpointError, _>(config, |device| {
         let model = manifest.model.init::<B<I>>(&device);
         let optim =

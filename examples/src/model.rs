@@ -26,6 +26,9 @@ pub struct GptConfig {
     pub layers: usize,
     /// Attention heads per block.
     pub heads: usize,
+    /// Use the token embedding, transposed, as the LM head (GPT-2's weight tying).
+    #[config(default = false)]
+    pub tie_embeddings: bool,
 }
 
 impl GptConfig {
@@ -44,7 +47,8 @@ impl GptConfig {
             .with_norm_first(true)
             .init(device),
             norm: LayerNormConfig::new(self.d_model).init(device),
-            head: LinearConfig::new(self.d_model, self.vocab).init(device),
+            head: (!self.tie_embeddings)
+                .then(|| LinearConfig::new(self.d_model, self.vocab).init(device)),
         }
     }
 
@@ -70,7 +74,8 @@ pub struct Gpt<B: Backend> {
     pos: Embedding<B>,
     blocks: TransformerEncoder<B>,
     norm: LayerNorm<B>,
-    head: Linear<B>,
+    /// `None` when the head is the token embedding (tied).
+    head: Option<Linear<B>>,
 }
 
 impl<B: Backend> Gpt<B> {
@@ -86,7 +91,12 @@ impl<B: Backend> Gpt<B> {
         let h = self
             .blocks
             .forward(TransformerEncoderInput::new(x).mask_attn(mask));
-        self.head.forward(self.norm.forward(h))
+        let h = self.norm.forward(h);
+        match &self.head {
+            Some(head) => head.forward(h),
+            // Tied: logits = h Eᵀ with the token embedding E [vocab, d_model].
+            None => burn::tensor::module::linear(h, self.tok.weight.val().transpose(), None),
+        }
     }
 
     /// Mean cross-entropy (nats per byte) of predicting `targets` from `tokens`.

@@ -119,6 +119,9 @@ pub struct TrainConfig {
     pub transport: Option<TransportKind>,
     /// How long a rank waits for a silent peer before failing (`None`: the decorator's default).
     pub peer_timeout: Option<Duration>,
+    /// Parameters below this many elements are replicated, not sharded (`None`: the
+    /// library's measured default, [`burn_rtp::DEFAULT_SHARD_THRESHOLD`]).
+    pub shard_threshold: Option<usize>,
 }
 
 impl TrainConfig {
@@ -143,6 +146,7 @@ impl TrainConfig {
             sample_bytes: 0,
             transport: None,
             peer_timeout: None,
+            shard_threshold: None,
         }
     }
 
@@ -168,7 +172,14 @@ impl TrainConfig {
             batch: self.batch,
             lr: self.lr,
             seed: self.seed,
+            shard_threshold: self.threshold(),
         }
+    }
+
+    /// The shard threshold this run uses.
+    fn threshold(&self) -> usize {
+        self.shard_threshold
+            .unwrap_or(burn_rtp::DEFAULT_SHARD_THRESHOLD)
     }
 }
 
@@ -354,7 +365,10 @@ pub fn train<I: Backend>(
     let start = resume.as_ref().map_or(0, |(m, _)| m.step);
     let end = start + cfg.steps;
     let per = cfg.batch / world;
-    let mut rtp = cfg.strategy.rtp_config(cfg.ranks, cfg.rotation);
+    let mut rtp = cfg
+        .strategy
+        .rtp_config(cfg.ranks, cfg.rotation)
+        .with_shard_threshold(cfg.threshold());
     rtp.transport = cfg.transport;
     let transport = rtp.transport_kind();
     if let Some(timeout) = cfg.peer_timeout {

@@ -15,6 +15,9 @@ pub fn tiny(strategy: StrategyName, ranks: usize, steps: usize) -> TrainConfig {
     cfg.steps = steps;
     cfg.batch = 12;
     cfg.model = GptConfig::new(8, 20, 1, 2);
+    // The tiny model's layers are all below the default threshold: shard them anyway, so
+    // that the tests exercise rotation.
+    cfg.shard_threshold = Some(0);
     cfg.lr = 3e-3;
     cfg.eval_every = 0;
     cfg.eval_batches = 1;

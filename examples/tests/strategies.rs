@@ -9,9 +9,14 @@ use burn_rtp_examples::{train, StrategyName};
 use common::*;
 
 fn check(strategy: StrategyName, ranks: usize, rotation: RotationMode) {
-    let dir = temp_dir(&format!("strategy-{strategy}-{ranks}-{rotation}"));
+    check_model(strategy, ranks, rotation, false);
+}
+
+fn check_model(strategy: StrategyName, ranks: usize, rotation: RotationMode, tied: bool) {
+    let dir = temp_dir(&format!("strategy-{strategy}-{ranks}-{rotation}-{tied}"));
     let mut cfg = tiny(strategy, ranks, 30);
     cfg.rotation = rotation;
+    cfg.model.tie_embeddings = tied;
     let init = initial_weights(&cfg, &dir);
     cfg.init = Some(init.clone());
     let reference = reference_losses(&cfg, &init);
@@ -20,7 +25,7 @@ fn check(strategy: StrategyName, ranks: usize, rotation: RotationMode) {
     for (step, (got, want)) in out.report.losses.iter().zip(&reference).enumerate() {
         assert!(
             rel_close(*got, *want, 1e-4),
-            "{strategy} on {ranks} ranks ({rotation}), step {step}: loss {got} vs single-device {want}"
+            "{strategy} on {ranks} ranks ({rotation}, tied {tied}), step {step}: loss {got} vs single-device {want}"
         );
     }
     // And training went somewhere: the loss fell.
@@ -51,4 +56,15 @@ fn rtp_matches_single() {
 #[test]
 fn rtp_in_place_matches_single() {
     check(StrategyName::Rtp, 4, RotationMode::InPlace);
+}
+
+#[test]
+fn tied_embeddings_match_single_under_every_strategy() {
+    // The token embedding is both rotated (as the embedding) and gathered (as the head):
+    // its two gradient contributions must be summed and reach its shard once.
+    check_model(StrategyName::Single, 1, RotationMode::OutOfPlace, true);
+    check_model(StrategyName::Rtp, 3, RotationMode::OutOfPlace, true);
+    check_model(StrategyName::Rtp, 4, RotationMode::InPlace, true);
+    check_model(StrategyName::Fsdp, 3, RotationMode::OutOfPlace, true);
+    check_model(StrategyName::Ddp, 2, RotationMode::OutOfPlace, true);
 }

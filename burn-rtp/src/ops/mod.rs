@@ -125,7 +125,8 @@ fn check_same_rank<B: Backend>(op: &str, a: &Arc<RankCtx<B>>, b: &Arc<RankCtx<B>
 /// * a shard with a replicated tensor that broadcasts along the last dimension: shard-local;
 /// * a shard with a replicated tensor: the replicated one is sliced to the shard;
 /// * a shard or replicated tensor with a same-shape local tensor: an error, because that is
-///   what an un-averaged gradient meeting its parameter looks like;
+///   what an un-averaged gradient meeting its parameter looks like (a sum of a shard and a
+///   same-shape local tensor is gathered instead: see `sharded_with_full`);
 /// * otherwise the shard is gathered (a counted fallback).
 pub(crate) fn binary<B: Backend>(
     op: &'static str,
@@ -199,7 +200,12 @@ fn sharded_with_full<B: Backend>(
         let inner = f(shard.inner.clone(), part);
         return shard.derive(inner, Layout::Sharded(out_spec));
     }
-    if os == shard.shape() {
+    // A same-shape local tensor meeting a shard is what an un-averaged gradient meeting its
+    // parameter looks like, which is an error; except in a sum, where the gathered result is
+    // right either way: for per-rank data it is the per-rank value, and for two gradient
+    // contributions of one parameter (a tied embedding's rotated and gathered uses) its mean
+    // over ranks, which RtpOptimizer takes, is the sum of the two averaged contributions.
+    if os == shard.shape() && op != "float_add" {
         ambiguous(&ctx, op, &shard.layout, &os);
     }
     let (full, _) = gathered(shard, op);

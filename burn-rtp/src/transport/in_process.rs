@@ -10,13 +10,12 @@
 //! seeded [`Chaos`] mode injects yields and sleeps around every send, receive and hand-over.
 
 use super::{BufferKind, Header, Payload, RecvHandle, SendHandle, Transport};
-use crate::accounting::{Category, Charge, Ledger};
+use crate::accounting::Charge;
 use crate::config::{Chaos, Delivery};
 use crate::error::{RtpError, RtpResult};
-use burn::tensor::TensorMetadata;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 /// How often a receiver yields before it blocks.
@@ -44,8 +43,8 @@ struct Envelope<T> {
     payload: Payload<T>,
     /// Set once a posted receive took the message (rendezvous sends only).
     done: Option<Arc<SendDone>>,
-    /// The receiver's charge for the message while it waits unexpected in the inbox.
-    waiting: Option<Arc<Charge>>,
+    /// The sender's charges for the buffer, kept alive until a receive takes the message.
+    _hold: Vec<Arc<Charge>>,
 }
 
 impl<T> Envelope<T> {
@@ -96,8 +95,6 @@ pub struct InProcessHub<T> {
     aborted: AtomicBool,
     first_failure: Mutex<Option<AbortRecord>>,
     exited: Vec<AtomicBool>,
-    /// Each rank's ledger, which messages waiting in its inbox are charged to.
-    ledgers: Vec<OnceLock<Arc<Ledger>>>,
     timeout: Duration,
     options: HubOptions,
 }
@@ -127,7 +124,6 @@ impl<T: Send + 'static> InProcessHub<T> {
             aborted: AtomicBool::new(false),
             first_failure: Mutex::new(None),
             exited: (0..world_size).map(|_| AtomicBool::new(false)).collect(),
-            ledgers: (0..world_size).map(|_| OnceLock::new()).collect(),
             timeout,
             options,
         })
@@ -334,7 +330,7 @@ impl<T: Send + 'static> RecvHandle<T> for PendingRecv<T> {
     }
 }
 
-impl<T: TensorMetadata + Send + 'static> Transport<T> for InProcessTransport<T> {
+impl<T: Send + 'static> Transport<T> for InProcessTransport<T> {
     fn rank(&self) -> usize {
         self.rank
     }
@@ -356,6 +352,7 @@ impl<T: TensorMetadata + Send + 'static> Transport<T> for InProcessTransport<T> 
         to: usize,
         header: Header,
         payload: Payload<T>,
+        hold: Vec<Arc<Charge>>,
     ) -> RtpResult<Box<dyn SendHandle>> {
         let world_size = self.world_size();
         let inbox = self.hub.inboxes.get(to).ok_or(RtpError::RankOutOfRange {
@@ -367,25 +364,18 @@ impl<T: TensorMetadata + Send + 'static> Transport<T> for InProcessTransport<T> 
         let done = rendezvous.then(Arc::<SendDone>::default);
         // A borrowed name: no allocation on the send path.
         let op = header.op.clone();
-        let mut envelope = Envelope {
+        let envelope = Envelope {
             header,
             payload,
             done: done.clone(),
-            waiting: None,
+            _hold: hold,
         };
         {
             let mut lanes = inbox.lanes.lock().unwrap();
             let lane = &mut lanes[self.rank];
             match lane.posted.pop_front() {
                 Some(slot) => *slot.lock().unwrap() = Some(envelope.taken()),
-                None => {
-                    // The receiver holds the message from now on; the charge cannot fail,
-                    // because the buffer already exists.
-                    envelope.waiting = self.hub.ledgers[to]
-                        .get()
-                        .map(|l| l.account(Category::InFlight, envelope.payload.bytes()));
-                    lane.unexpected.push_back(envelope)
-                }
+                None => lane.unexpected.push_back(envelope),
             }
             inbox.arrived.notify_all();
         }
@@ -447,9 +437,5 @@ impl<T: TensorMetadata + Send + 'static> Transport<T> for InProcessTransport<T> 
     fn mark_exited(&self) {
         self.hub.exited[self.rank].store(true, Ordering::Release);
         self.hub.wake_all();
-    }
-
-    fn attach_ledger(&self, ledger: Arc<Ledger>) {
-        let _ = self.hub.ledgers[self.rank].set(ledger);
     }
 }

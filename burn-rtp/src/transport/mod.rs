@@ -11,9 +11,11 @@ pub use in_process::{HubOptions, InProcessHub, InProcessTransport};
 #[cfg(feature = "mpi")]
 pub use mpi::{MpiEndpoint, MpiTransport};
 
+use crate::accounting::Charge;
 use crate::error::RtpResult;
 use burn::tensor::TensorData;
 use std::borrow::Cow;
+use std::sync::Arc;
 
 /// Which kind of buffer a transport moves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,16 +33,6 @@ pub enum Payload<T> {
     Device(T),
     /// Host data.
     Host(TensorData),
-}
-
-impl<T: burn::tensor::TensorMetadata> Payload<T> {
-    /// Bytes the payload occupies.
-    pub fn bytes(&self) -> usize {
-        match self {
-            Payload::Device(t) => t.shape().num_elements() * t.dtype().size(),
-            Payload::Host(data) => data.bytes.len(),
-        }
-    }
 }
 
 /// Identifies a message so that the receiver can check both sides run the same op.
@@ -113,12 +105,16 @@ pub trait Transport<T: Send + 'static>: Send + Sync {
     fn buffers_sends(&self) -> bool {
         false
     }
-    /// Starts sending `payload` to rank `to`.
+    /// Starts sending `payload` to rank `to`. `hold` are the sender's charges for the
+    /// payload's buffer: a transport that hands the buffer itself over keeps them alive until
+    /// the receiver takes the message, so a message waiting in an inbox stays counted (once,
+    /// to its sender) even after the sender has moved on.
     fn isend(
         &self,
         to: usize,
         header: Header,
         payload: Payload<T>,
+        hold: Vec<Arc<Charge>>,
     ) -> RtpResult<Box<dyn SendHandle>>;
     /// Posts a receive of the message `expect` from rank `from`.
     fn irecv(&self, from: usize, expect: Header) -> RtpResult<Box<dyn RecvHandle<T>>>;
@@ -126,11 +122,6 @@ pub trait Transport<T: Send + 'static>: Send + Sync {
     fn abort(&self, reason: &str);
     /// Tells every rank that this one finished its program.
     fn mark_exited(&self);
-    /// Charges messages that wait in this rank's inbox, arrived before their receive was
-    /// posted, to `ledger` as in flight until a receive takes them: the rank holds them. A
-    /// posted receive is charged by the caller from the moment it is posted, so transports
-    /// that only move bytes into posted receives (MPI) have nothing to charge.
-    fn attach_ledger(&self, _ledger: std::sync::Arc<crate::accounting::Ledger>) {}
     /// Starts (or stops) logging when received bytes were really moving, by the transport's
     /// own clock. Transports that hand buffers over without moving bytes log nothing.
     fn record_wire(&self, _on: bool) {}

@@ -627,6 +627,8 @@ impl<T: Send + 'static> Transport<T> for MpiEndpoint {
         to: usize,
         header: Header,
         payload: Payload<T>,
+        // The payload is copied into the bytes MPI sends; the tensor's buffer is free now.
+        _hold: Vec<Arc<crate::accounting::Charge>>,
     ) -> RtpResult<Box<dyn SendHandle>> {
         let op = header.op.to_string();
         crate::launch::check_rank(to, self.0.size)?;
