@@ -547,11 +547,13 @@ pub fn run(cfg: &ReportConfig, log: &dyn Fn(&str)) -> Result<Value, Box<dyn std:
             cfg,
             &headline,
             &machine,
-            &memory,
-            &times,
-            &capacity_rows,
-            &comparisons,
-            &thresholds,
+            &Tables {
+                memory: &memory,
+                times: &times,
+                capacity: &capacity_rows,
+                comparisons: &comparisons,
+                thresholds: &thresholds,
+            },
         ),
     )?;
     plots::memory(&cfg.out.join("memory.svg"), &memory, &cfg.ranks)?;
@@ -618,16 +620,23 @@ const TARGETS: [(&str, &str, f64, bool); 9] = [
     ),
 ];
 
-fn markdown(
-    cfg: &ReportConfig,
-    headline: &Value,
-    machine: &Value,
-    memory: &[MemoryRow],
-    times: &[TimeRow],
-    capacity: &[CapacityRow],
-    comparisons: &[ComparisonRow],
-    thresholds: &[ThresholdRow],
-) -> String {
+/// The measured tables, for the markdown report.
+struct Tables<'a> {
+    memory: &'a [MemoryRow],
+    times: &'a [TimeRow],
+    capacity: &'a [CapacityRow],
+    comparisons: &'a [ComparisonRow],
+    thresholds: &'a [ThresholdRow],
+}
+
+fn markdown(cfg: &ReportConfig, headline: &Value, machine: &Value, tables: &Tables) -> String {
+    let Tables {
+        memory,
+        times,
+        capacity,
+        comparisons,
+        thresholds,
+    } = *tables;
     let mut md = String::from("# burn-rtp scaling report\n\n");
     md += &format!(
         "Machine: {} cores; inner backend {}; {} transport; N in {:?}. Model: d_model {}, {} layer(s), {} heads, context {} ({} parameters), global batch {}. Everything below was measured in one run, strategies alternating.\n\n",
