@@ -34,52 +34,44 @@ fn a_shard_times_per_rank_data_broadcast_along_columns_stays_per_rank() {
     }
 }
 
+/// The gradient of `sum(linear(x, w)^2)` with respect to `w`, where `x` and `w` are this
+/// rank's own data (computed, not parameters), on any autodiff backend.
+fn own_weight_grad<A: burn::tensor::backend::AutodiffBackend>(
+    rank: usize,
+    device: &A::Device,
+) -> Vec<f32> {
+    let (rows, d_in, d_out) = (5, 6, 8);
+    let values = |seed: usize, len: usize| -> Vec<f32> {
+        (0..len)
+            .map(|i| (((i * 5 + seed * 11) % 13) as f32 - 6.0) / 6.0)
+            .collect()
+    };
+    let x = Tensor::<A, 2>::from_data(
+        TensorData::new(values(rank, rows * d_in), [rows, d_in]),
+        device,
+    );
+    let w = Tensor::<A, 2>::from_data(
+        TensorData::new(values(rank + 7, d_in * d_out), [d_in, d_out]),
+        device,
+    )
+    .require_grad();
+    let y = burn::tensor::module::linear(x, w.clone(), None);
+    let grads = (y.clone() * y).sum().backward();
+    w.grad(&grads).unwrap().into_data().to_vec::<f32>().unwrap()
+}
+
 /// A computed, per-rank weight with a parameter's shape is data, not a parameter: its
 /// gradient is this rank's own, never averaged over ranks. (The gradient's layout follows the
 /// weight the forward used, not the shape.)
 #[test]
 fn a_computed_weight_with_a_parameter_shape_gets_its_own_rank_gradient() {
-    type Ad = burn::backend::Autodiff<B>;
     type Single = burn::backend::Autodiff<NdArray>;
-    let (rows, d_in, d_out, n) = (5, 6, 8, 4);
-    let values = |rank: usize, len: usize| -> Vec<f32> {
-        (0..len)
-            .map(|i| (((i * 5 + rank * 11) % 13) as f32 - 6.0) / 6.0)
-            .collect()
-    };
-    let grad_of = |rank: usize| -> Vec<f32> {
-        let device = Default::default();
-        let x = Tensor::<Single, 2>::from_data(
-            TensorData::new(values(rank, rows * d_in), [rows, d_in]),
-            &device,
-        );
-        let w = Tensor::<Single, 2>::from_data(
-            TensorData::new(values(rank + 7, d_in * d_out), [d_in, d_out]),
-            &device,
-        )
-        .require_grad();
-        let y = burn::tensor::module::linear(x, w.clone(), None);
-        let grads = (y.clone() * y).sum().backward();
-        w.grad(&grads).unwrap().into_data().to_vec::<f32>().unwrap()
-    };
-    let runs = launch(RtpConfig::new(n).with_shard_threshold(0), move |device| {
-        let rank = device.rank();
-        let x = Tensor::<Ad, 2>::from_data(
-            TensorData::new(values(rank, rows * d_in), [rows, d_in]),
-            &device,
-        );
-        let w = Tensor::<Ad, 2>::from_data(
-            TensorData::new(values(rank + 7, d_in * d_out), [d_in, d_out]),
-            &device,
-        )
-        .require_grad();
-        let y = burn::tensor::module::linear(x, w.clone(), None);
-        let grads = (y.clone() * y).sum().backward();
-        w.grad(&grads).unwrap().into_data().to_vec::<f32>().unwrap()
+    let runs = launch(RtpConfig::new(4).with_shard_threshold(0), |device| {
+        own_weight_grad::<burn::backend::Autodiff<B>>(device.rank(), &device)
     })
     .expect("every rank runs");
     for (rank, got) in runs.iter().enumerate() {
-        let want = grad_of(rank);
+        let want = own_weight_grad::<Single>(rank, &Default::default());
         for (i, (a, b)) in got.iter().zip(&want).enumerate() {
             assert!(
                 (a - b).abs() <= 1e-4 * a.abs().max(b.abs()).max(1.0),
