@@ -26,6 +26,9 @@ use crate::tensor::{Float, Held, Layout, RtpTensor};
 use burn::tensor::backend::Backend;
 use std::sync::Weak;
 
+/// Forward records kept at most: far more Linear calls than one graph of a large model holds.
+const MAX_RECORDS: usize = 4096;
+
 /// Identity of a tensor: the charge all its clones share.
 pub(crate) type Identity = Weak<Charge>;
 
@@ -84,6 +87,8 @@ impl<B: Backend> Forward<B> {
 pub(crate) struct Deferred<B: Backend> {
     x: Identity,
     dy: Identity,
+    /// The weight whose forward record the pass used, if it came from a guess.
+    weight: Option<Identity>,
     /// dW, for `linear_weight_backward(x, dy)`.
     pub dw: Option<RtpTensor<B>>,
     /// db, for `linear_bias_backward(dy)`.
@@ -98,6 +103,7 @@ impl<B: Backend> Deferred<B> {
         Self {
             x,
             dy,
+            weight: None,
             dw: None,
             db: None,
             bias_layout,
@@ -126,9 +132,15 @@ fn rows_match(x: &[usize], dy: &[usize]) -> bool {
 }
 
 impl<B: Backend> Pairing<B> {
-    /// Records a forward, dropping records whose backward can no longer come.
+    /// Records a forward, dropping records whose backward can no longer come, and the
+    /// oldest ones beyond [`MAX_RECORDS`] (forwards whose inputs a caller keeps but never
+    /// differentiates: their backward, if it ever came, would fall back to a per-rank
+    /// gradient, which `RtpOptimizer` averages).
     pub fn record(&mut self, forward: Forward<B>) {
         self.forwards.retain(Forward::alive);
+        if self.forwards.len() >= MAX_RECORDS {
+            self.forwards.remove(0);
+        }
         self.forwards.push(forward);
     }
 
@@ -160,6 +172,12 @@ impl<B: Backend> Pairing<B> {
         self.deferred = Some(deferred);
     }
 
+    /// Stores gradients that the pass of `weight`'s backward computed ahead from its guess.
+    pub fn defer_guessed(&mut self, mut deferred: Deferred<B>, weight: &RtpTensor<B>) {
+        deferred.weight = Some(weight.identity());
+        self.deferred = Some(deferred);
+    }
+
     /// For `linear_weight_backward(x, dy)`: dW computed ahead from these very tensors.
     pub fn claim_weight(&mut self, x: &RtpTensor<B>, dy: &RtpTensor<B>) -> Option<RtpTensor<B>> {
         let d = self.deferred.as_mut()?;
@@ -167,7 +185,18 @@ impl<B: Backend> Pairing<B> {
             return None;
         }
         let dw = d.dw.take()?;
-        self.take_forward(x, dy);
+        // The record the guess used: the same x through the same weight. (Another layer fed
+        // the same x, with a weight of the same shape, keeps its own record.)
+        if let Some(weight) = d.weight.clone() {
+            let x_id = x.identity();
+            if let Some(i) = self
+                .forwards
+                .iter()
+                .rposition(|f| same(&f.x_id, &x_id) && same(&f.weight, &weight))
+            {
+                self.forwards.remove(i);
+            }
+        }
         Some(dw)
     }
 

@@ -117,8 +117,8 @@ pub(crate) fn post<B: Backend>(
         .into_iter()
         .map(|h| (h.clone(), ctx.check(ctx.transport.irecv(from, h))))
         .collect();
-    // Charged after posting: a message already waiting in the inbox carried its own charge
-    // until the receive took it, so the two never count the same buffer twice.
+    // Charged after posting: a message already waiting in the inbox stayed charged to its
+    // sender until the receive took it, so the two never count the same buffer twice.
     let charges = shapes
         .iter()
         .map(|s| {
@@ -236,9 +236,9 @@ pub(crate) fn exchange<B: Backend, R>(
 }
 
 /// Swaps a buffer with the ring neighbours: sends `buffer` to `to` and receives the buffer
-/// from `from`. Where the transport buffers sends, the own buffer (and its `held` charges) is
-/// released before the receive is posted, so a rank holds one buffer at a time; otherwise
-/// this is an [`exchange`], and both buffers exist while the messages move.
+/// from `from`. Where the transport buffers sends, this rank lets go of its own buffer before
+/// it posts the receive (the message keeps the `held` charges until the neighbour takes it);
+/// otherwise this is an [`exchange`], and both buffers exist while the messages move.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn swap<B: Backend>(
     ctx: &RankCtx<B>,

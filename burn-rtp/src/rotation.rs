@@ -2,14 +2,17 @@
 //!
 //! Ranks form a ring; every message goes to rank `r + 1` and comes from rank `r - 1`.
 //!
-//! * `rotate`: at step `t` rank `r` holds shard `j = r - t` (a bundle of tensors, e.g. a
+//! * Rotation: at step `t` rank `r` holds shard `j = r - t` (a bundle of tensors, e.g. a
 //!   weight shard and its bias shard) and runs `compute(j, bundle)`. After `N` steps every rank
 //!   has seen every shard. Out-of-place mode exchanges the next shard while computing with the
-//!   current one (double buffer); in-place mode computes, then swaps its single buffer with the
+//!   current one (double buffer); in-place mode computes, then swaps its bundle with the
 //!   neighbours.
-//! * `reduce_scatter`: the travelling gradient. At step `t` rank `r` adds its contribution
-//!   to shard `j = r - 1 - t` to the buffer that arrived from `r - 1` and passes it on. After
-//!   `N` steps the buffer of shard `j` is back home on rank `j` holding `Σ_r contribution_r(j)`.
+//! * The travelling gradient: at step `t` rank `r` adds its contribution to shard
+//!   `j = r - 1 - t` to the buffer that arrived from `r - 1` and passes it on. After `N` steps
+//!   the buffer of shard `j` is back home on rank `j` holding `Σ_r contribution_r(j)`.
+//! * [`ring_pass`] does both in one trip (a Linear's backward: the weight shard and its
+//!   gradient buffer leave in the same exchange); `rotate` and `reduce_scatter` are its two
+//!   halves alone.
 //!
 //! Every exchange posts its receive before it starts its send (`crate::p2p`), so the ring
 //! cannot deadlock on a transport that does not buffer. Every rank issues the same messages

@@ -45,7 +45,7 @@ enum Case {
     /// first although its forward was not the latest: the pass guesses the wrong `x`, and
     /// only the identity check keeps its dW from the wrong call.
     SharedWeightOutOfOrder,
-    /// `a(x1)` and `b(x1)`: one input, two weights of the same shape.
+    /// `b(x1) * a(x1)` with `a` computed first: one input, two weights of the same shape.
     SharedInput,
     /// `a(x1)` with `a` frozen (weight and bias) and `x1` tracked.
     FrozenLayer,
@@ -89,7 +89,13 @@ fn gradients<B: burn::tensor::backend::AutodiffBackend>(
             // Scaled so that the two uses' output gradients differ.
             square(deeper * 3.0 + model.a.forward(x1.clone()))
         }
-        Case::SharedInput => square(model.a.forward(x1.clone()) * model.b.forward(x1.clone())),
+        Case::SharedInput => {
+            // `a` runs first but is the right operand, so its backward also runs first, while
+            // `b`'s forward record is the more recent one with the same x.
+            let first = model.a.forward(x1.clone());
+            let second = model.b.forward(x1.clone());
+            square(second * first)
+        }
         _ => square(model.a.forward(x1.clone())),
     };
     let before = exchanges();
@@ -191,14 +197,20 @@ fn every_pairing_case_equals_single_device_at_every_n() {
 fn one_linear_backward_makes_n_minus_one_exchanges() {
     for n in [2, 3, 4, 8] {
         for mode in [RotationMode::OutOfPlace, RotationMode::InPlace] {
-            // x tracked (dX, dW, db in one pass) and x untracked (dW and db in one pass).
-            for case in [Case::One, Case::UntrackedInput] {
+            // x tracked (dX, dW, db in one pass), x untracked (dW and db in one pass), and one
+            // x into two layers of the same shape (one pass each: neither takes the other's
+            // forward record).
+            for (case, layers) in [
+                (Case::One, 1),
+                (Case::UntrackedInput, 1),
+                (Case::SharedInput, 2),
+            ] {
                 let exchanges = check(case, n, mode);
                 for (rank, e) in exchanges.iter().enumerate() {
                     assert_eq!(
                         *e,
-                        (n - 1) as u64,
-                        "{case:?} N={n} {mode:?} rank {rank}: the backward made {e} exchanges; one ring pass makes N-1"
+                        layers * (n - 1) as u64,
+                        "{case:?} N={n} {mode:?} rank {rank}: the backward of {layers} Linear(s) made {e} exchanges; one ring pass each makes N-1"
                     );
                 }
             }

@@ -195,7 +195,7 @@ pub(super) fn x_backward<B: Backend>(weight: RtpTensor<B>, dy: RtpTensor<B>) -> 
     let mut deferred = Deferred::new(x_id, dy_id, bias_layout);
     deferred.dw = g.dw;
     deferred.db = g.db;
-    ctx.pairing.lock().unwrap().defer(deferred);
+    ctx.pairing.lock().unwrap().defer_guessed(deferred, &weight);
     local(&ctx, g.dx.expect("the weight rotated"))
 }
 

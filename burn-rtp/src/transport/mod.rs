@@ -100,8 +100,9 @@ pub trait Transport<T: Send + 'static>: Send + Sync {
     /// Which buffers this transport wants.
     fn buffer_kind(&self) -> BufferKind;
     /// Whether a send completes without waiting for its receive (the message then owns the
-    /// buffer until it is taken). In-place rotation uses this to hold one buffer at a time;
-    /// on transports that do not buffer (MPI's rendezvous protocol, NCCL) it must exchange.
+    /// buffer until it is taken). In-place rotation then lets go of its buffer before it posts
+    /// its receive; on transports that do not buffer (MPI's rendezvous protocol, NCCL) it
+    /// must exchange.
     fn buffers_sends(&self) -> bool {
         false
     }
