@@ -10,7 +10,7 @@
 //! * The travelling gradient: at step `t` rank `r` adds its contribution to shard
 //!   `j = r - 1 - t` to the buffer that arrived from `r - 1` and passes it on. After `N` steps
 //!   the buffer of shard `j` is back home on rank `j` holding `Σ_r contribution_r(j)`.
-//! * [`ring_pass`] does both in one trip (a Linear's backward: the weight shard and its
+//! * `ring_pass` does both in one trip (a Linear's backward: the weight shard and its
 //!   gradient buffer leave in the same exchange); `rotate` and `reduce_scatter` are its two
 //!   halves alone.
 //!
