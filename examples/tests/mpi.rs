@@ -306,13 +306,11 @@ fn a_silent_rank_is_a_timeout_naming_it() {
     );
 }
 
-/// Ranks started with different seeds fail, every one of them, before the first step.
-#[test]
-fn ranks_with_different_settings_all_fail_before_training() {
-    let np = 3;
+/// Runs `child` as an RTP job on `np` processes that must fail; returns its output.
+fn failing_rtp_job(np: usize, child: &str) -> String {
     let out = mpirun(
         np,
-        "child_disagreeing_seeds",
+        child,
         &[
             ("RTP_TEST_STRATEGY", "rtp".into()),
             ("RTP_TEST_ROTATION", "out-of-place".into()),
@@ -322,6 +320,14 @@ fn ranks_with_different_settings_all_fail_before_training() {
     .unwrap();
     let log = text(&out);
     assert!(!out.status.success(), "the job succeeded:\n{log}");
+    log
+}
+
+/// Ranks started with different seeds fail, every one of them, before the first step.
+#[test]
+fn ranks_with_different_settings_all_fail_before_training() {
+    let np = 3;
+    let log = failing_rtp_job(np, "child_disagreeing_seeds");
     for rank in 0..np {
         assert!(
             log.contains(&format!("rank {rank}: ranks disagree on the seed")),
@@ -333,18 +339,7 @@ fn ranks_with_different_settings_all_fail_before_training() {
 /// A configured world size that differs from mpirun's `-np` is a typed error, not a hang.
 #[test]
 fn a_world_size_other_than_np_is_an_error() {
-    let out = mpirun(
-        2,
-        "child_wrong_world_size",
-        &[
-            ("RTP_TEST_STRATEGY", "rtp".into()),
-            ("RTP_TEST_ROTATION", "out-of-place".into()),
-        ],
-    )
-    .output()
-    .unwrap();
-    let log = text(&out);
-    assert!(!out.status.success(), "the job succeeded:\n{log}");
+    let log = failing_rtp_job(2, "child_wrong_world_size");
     assert!(
         log.contains("asks for 3 ranks, but mpirun started 2 processes"),
         "{log}"
