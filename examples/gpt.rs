@@ -9,12 +9,15 @@ use burn_rtp::{human_bytes, RotationMode, TransportKind};
 use burn_rtp_examples::checkpoint::consolidate_checkpoint;
 use burn_rtp_examples::trainer::StepEvent;
 use burn_rtp_examples::{
-    train, GptConfig, Progress, Report, StrategyName, TrainConfig, TrainOutcome,
+    train, GptConfig, LrSchedule, Progress, Report, StrategyName, TrainConfig, TrainOutcome,
 };
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 /// Train a byte-level GPT with Rotated Tensor Parallelism (or a baseline) on CPU ranks.
 #[derive(Parser, Debug)]
@@ -91,9 +94,24 @@ struct TrainArgs {
     /// (default: the library's measured crossover, 65536; 0 shards every parameter).
     #[arg(long)]
     shard_threshold: Option<usize>,
-    /// Adam learning rate.
+    /// Adam learning rate (the peak rate, under a schedule).
     #[arg(long, default_value_t = 3e-3)]
     lr: f64,
+    /// Steps of linear warm-up from lr/warmup to lr.
+    #[arg(long, default_value_t = 0)]
+    warmup_steps: usize,
+    /// constant | cosine (after the warm-up; cosine falls to lr/10 by the last step).
+    #[arg(long, default_value = "constant")]
+    lr_schedule: LrSchedule,
+    /// Clip the global gradient norm, over every rank's shards, to this value.
+    #[arg(long)]
+    clip_grad_norm: Option<f32>,
+    /// Without a terminal, print a progress line every this many steps (0: never).
+    #[arg(long, default_value_t = 10)]
+    log_every: usize,
+    /// Test hook: make the loss of step STEP NaN on rank RANK (`STEP:RANK`).
+    #[arg(long, hide = true, value_parser = parse_fault)]
+    inject_non_finite_loss: Option<(usize, usize)>,
     /// Seed of initialisation and data order.
     #[arg(long, default_value_t = 42)]
     seed: u64,
@@ -120,21 +138,55 @@ struct TrainArgs {
     eval_every: usize,
 }
 
-struct Bar(ProgressBar);
+fn parse_fault(s: &str) -> Result<(usize, usize), String> {
+    let (step, rank) = s
+        .split_once(':')
+        .ok_or_else(|| format!("expected STEP:RANK, not `{s}`"))?;
+    let num = |v: &str| v.parse::<usize>().map_err(|e| format!("`{v}`: {e}"));
+    Ok((num(step)?, num(rank)?))
+}
+
+/// Rank 0's progress: a bar on a terminal, otherwise a line every `log_every` steps (logs
+/// of batch jobs and pipes get no bar).
+struct Bar {
+    bar: ProgressBar,
+    lines: Option<usize>,
+    stop: Arc<AtomicBool>,
+    told_stop: AtomicBool,
+}
 
 impl Progress for Bar {
     fn on_step(&self, e: &StepEvent) {
-        self.0.set_length(e.total as u64);
-        self.0.set_position(e.step as u64);
-        self.0.set_message(format!(
-            "train {:.3} | val {:.3} nats/byte | {:.0} tok/s | rank 0 peak: state {}, activations {}, in flight {}",
+        let norm = e
+            .grad_norm
+            .map(|n| format!(" | grad norm {n:.3}"))
+            .unwrap_or_default();
+        let msg = format!(
+            "train {:.3} | val {:.3} nats/byte | lr {:.2e}{norm} | {:.0} tok/s | rank 0 peak: state {}, activations {}, in flight {}",
             e.train_loss,
             e.val_loss,
+            e.lr,
             e.tokens_per_s,
             human_bytes(e.peak.sharded),
             human_bytes(e.peak.local),
             human_bytes(e.peak.in_flight),
-        ));
+        );
+        if self.stop.load(Ordering::SeqCst) && !self.told_stop.swap(true, Ordering::SeqCst) {
+            self.bar.println(
+                "stop requested: finishing this step, then writing a checkpoint (signal again to abort)",
+            );
+        }
+        match self.lines {
+            Some(every) if every > 0 && (e.step.is_multiple_of(every) || e.step == e.total) => {
+                println!("step {}/{} | {msg}", e.step, e.total);
+            }
+            Some(_) => {}
+            None => {
+                self.bar.set_length(e.total as u64);
+                self.bar.set_position(e.step as u64);
+                self.bar.set_message(msg);
+            }
+        }
     }
 }
 
@@ -271,6 +323,13 @@ fn main() -> ExitCode {
         }
         (TransportKind::InProcess, _) => (a.ranks.unwrap_or(4), true),
     };
+    let stop = match burn_rtp_examples::stop_on_signals() {
+        Ok(stop) => stop,
+        Err(e) => {
+            eprintln!("error: cannot install the SIGINT/SIGTERM handler: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let mut cfg = TrainConfig::new(a.strategy, ranks);
     cfg.transport = Some(transport);
     if let Some(secs) = a.peer_timeout {
@@ -287,6 +346,11 @@ fn main() -> ExitCode {
         GptConfig::new(a.seq, a.d_model, a.layers, a.heads).with_tie_embeddings(a.tie_embeddings);
     cfg.shard_threshold = a.shard_threshold;
     cfg.lr = a.lr;
+    cfg.warmup_steps = a.warmup_steps;
+    cfg.lr_schedule = a.lr_schedule;
+    cfg.clip_grad_norm = a.clip_grad_norm;
+    cfg.stop = Some(stop.clone());
+    cfg.inject_non_finite_loss = a.inject_non_finite_loss;
     cfg.seed = a.seed;
     cfg.data = a.data.clone();
     cfg.checkpoint_dir = a.checkpoint_dir.clone();
@@ -295,6 +359,10 @@ fn main() -> ExitCode {
     cfg.init = a.init.clone();
     cfg.eval_every = a.eval_every;
     cfg.sample_bytes = 200;
+    if let Err(e) = cfg.validate() {
+        eprintln!("error: {e}");
+        return ExitCode::FAILURE;
+    }
     let place = match transport {
         TransportKind::InProcess => "in-process rank(s)",
         TransportKind::Mpi => "MPI processes",
@@ -311,21 +379,38 @@ fn main() -> ExitCode {
             a.batch
         );
     }
-    let bar = Bar(if is_rank0 {
-        ProgressBar::new(a.steps as u64)
-    } else {
-        ProgressBar::hidden()
-    });
-    bar.0.set_style(
+    let terminal = std::io::stderr().is_terminal();
+    let bar = Bar {
+        bar: if is_rank0 && terminal {
+            ProgressBar::new(a.steps as u64)
+        } else {
+            ProgressBar::hidden()
+        },
+        lines: (is_rank0 && !terminal).then_some(a.log_every),
+        stop,
+        told_stop: AtomicBool::new(false),
+    };
+    bar.bar.set_style(
         ProgressStyle::with_template("{bar:24} {pos}/{len} [{elapsed_precise}] {msg}")
             .expect("valid template"),
     );
     let outcome = run_training(&cfg, a.backend, &bar);
-    bar.0.finish();
+    bar.bar.finish();
     match outcome {
         Ok(out) if out.rank != 0 => ExitCode::SUCCESS,
         Ok(out) => {
             print_summary(&out);
+            if let Some(step) = out.stopped_at {
+                match &out.checkpoint {
+                    Some(path) => println!(
+                        "stopped by a signal after step {step}; resume with --resume {}",
+                        path.display()
+                    ),
+                    None => println!(
+                        "stopped by a signal after step {step}; no --checkpoint-dir was set, so nothing was saved"
+                    ),
+                }
+            }
             if let Some(path) = &a.report {
                 if let Err(e) = write_report(path, &out.report) {
                     eprintln!("error: {e}");

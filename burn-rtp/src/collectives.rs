@@ -91,14 +91,14 @@ pub(crate) fn all_gather<B: Backend>(t: &RtpTensor<B>, op: &'static str, cat: Ca
     full
 }
 
-/// Sums a host vector over all ranks; every rank gets the same bits.
-pub(crate) fn all_reduce_sum_host<B: Backend>(
+/// Every rank's host vector on every rank, in rank order (small vectors only).
+pub(crate) fn all_gather_host<B: Backend>(
     ctx: &RankCtx<B>,
     op: &'static str,
     values: Vec<f32>,
-) -> Vec<f32> {
+) -> Vec<Vec<f32>> {
     if ctx.world_size == 1 {
-        return values;
+        return vec![values];
     }
     let seq = ctx.next_seq();
     let len = values.len();
@@ -109,13 +109,31 @@ pub(crate) fn all_reduce_sum_host<B: Backend>(
         shape: vec![len],
     };
     let own = B::float_from_data(TensorData::new(values, [len]), &ctx.inner);
-    let contributions = exchange_with_all(ctx, header, own).0.into_iter().map(|t| {
-        read_host::<B>(t)
-            .convert::<f32>()
-            .into_vec::<f32>()
-            .unwrap()
-    });
-    // Summed in rank order on every rank, so every rank gets the same bits.
+    exchange_with_all(ctx, header, own)
+        .0
+        .into_iter()
+        .map(|t| {
+            read_host::<B>(t)
+                .convert::<f32>()
+                .into_vec::<f32>()
+                .unwrap()
+        })
+        .collect()
+}
+
+/// Sums a host vector over all ranks; every rank gets the same bits.
+pub(crate) fn all_reduce_sum_host<B: Backend>(
+    ctx: &RankCtx<B>,
+    op: &'static str,
+    values: Vec<f32>,
+) -> Vec<f32> {
+    sum_in_rank_order(all_gather_host(ctx, op, values))
+}
+
+/// The element-wise sum of every rank's vector, added in rank order, so every rank that
+/// holds the same vectors gets the same bits.
+pub(crate) fn sum_in_rank_order(contributions: Vec<Vec<f32>>) -> Vec<f32> {
+    let len = contributions.first().map_or(0, Vec::len);
     let mut sum = vec![0f32; len];
     for c in contributions {
         for (s, v) in sum.iter_mut().zip(c) {

@@ -113,6 +113,57 @@ impl<B: Backend> RtpDevice<B> {
         sum[0] / self.ctx.world_size as f32
     }
 
+    /// The mean of `value` over all ranks, or, when it is NaN or infinite on any rank, the
+    /// same [`RtpError::NonFinite`](crate::RtpError::NonFinite) on every rank, naming `step`
+    /// and the lowest such rank (a collective: every rank must call it).
+    ///
+    /// Every rank gets the same verdict, so a training loop can stop on all ranks at once,
+    /// before a bad update is applied or a checkpoint written. The mean is bit-identical to
+    /// [`all_reduce_mean`](Self::all_reduce_mean)'s.
+    ///
+    /// ```
+    /// use burn_rtp::{launch, RtpConfig, RtpError};
+    ///
+    /// let verdicts = launch::<burn::backend::NdArray, _, _>(RtpConfig::new(3), |device| {
+    ///     let loss = if device.rank() == 1 { f32::NAN } else { 0.5 };
+    ///     device.check_finite(7, "loss", loss)
+    /// })
+    /// .unwrap();
+    /// for verdict in verdicts {
+    ///     assert!(matches!(verdict, Err(RtpError::NonFinite { step: 7, bad_rank: 1, .. })));
+    /// }
+    /// ```
+    pub fn check_finite(&self, step: u64, what: &str, value: f32) -> crate::RtpResult<f32> {
+        let all = crate::collectives::all_gather_host(&self.ctx, "check_finite", vec![value]);
+        if let Some((bad_rank, bad)) = all
+            .iter()
+            .map(|v| v[0])
+            .enumerate()
+            .find(|(_, v)| !v.is_finite())
+        {
+            return Err(crate::RtpError::NonFinite {
+                rank: self.ctx.rank,
+                step,
+                what: what.to_string(),
+                bad_rank,
+                value: bad.to_string(),
+            });
+        }
+        let sum = crate::collectives::sum_in_rank_order(all);
+        Ok(sum[0] / self.ctx.world_size as f32)
+    }
+
+    /// Whether `flag` is set on any rank (a collective). Ranks that each watch a local event,
+    /// such as a signal, use it to act on the same step.
+    pub fn any_rank(&self, flag: bool) -> bool {
+        let sum = crate::collectives::all_reduce_sum_host(
+            &self.ctx,
+            "any_rank",
+            vec![f32::from(u8::from(flag))],
+        );
+        sum[0] > 0.0
+    }
+
     /// Every rank's `bytes` on every rank, in rank order (a collective, for small host
     /// messages such as per-rank statistics).
     pub fn all_gather_bytes(&self, bytes: &[u8]) -> Vec<Vec<u8>> {

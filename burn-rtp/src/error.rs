@@ -160,6 +160,21 @@ pub enum RtpError {
         /// The peer's value.
         theirs: String,
     },
+    /// A training value (a loss, a gradient norm) is NaN or infinite on some rank. Every rank
+    /// gets this same error from [`crate::RtpDevice::check_finite`], so all stop together.
+    #[error("rank {rank}: non-finite {what} at step {step}: rank {bad_rank} has {value}")]
+    NonFinite {
+        /// The rank that reports it.
+        rank: usize,
+        /// The training step the caller named.
+        step: u64,
+        /// What was checked ("loss", "gradient norm").
+        what: String,
+        /// The lowest rank whose value is not finite.
+        bad_rank: usize,
+        /// That rank's value as text (`NaN`, `inf` or `-inf`).
+        value: String,
+    },
     /// The transport failed.
     #[error("rank {rank}: transport failure in `{op}`: {reason}")]
     Transport {

@@ -30,7 +30,7 @@ pub use consolidate::{consolidate, gather_module};
 pub use device::RtpDevice;
 pub use error::{RtpError, RtpResult};
 pub use launch::{check_rank, launch, try_launch, try_launch_on};
-pub use optim::{sync_gradients, RtpOptimizer};
+pub use optim::{sync_gradients, GradNorm, RtpOptimizer};
 pub use shard_io::ShardMap;
 pub use tensor::{Layout, RtpTensor};
 pub use world::{enter_rank, register_device, RankGuard};

@@ -1,9 +1,15 @@
 //! The one extra line for models whose parameters are also used outside module ops
 //! (LayerNorm gains, say): wrap the optimizer so that such gradients are averaged over ranks.
+//! The wrapper is also where the global gradient norm is clipped, since only it sees every
+//! gradient with its layout (each shard counted once, each replicated gradient once).
 
+use crate::accounting::Category;
 use crate::backend::Rtp;
-use crate::collectives::{all_reduce_ring, reduce_scatter_columns};
-use crate::tensor::{Layout, RtpTensor};
+use crate::collectives::{
+    all_gather_host, all_reduce_ring, reduce_scatter_columns, sum_in_rank_order,
+};
+use crate::p2p::read_host;
+use crate::tensor::{Held, Layout, RtpTensor};
 use burn::module::{AutodiffModule, ModuleVisitor, Param};
 use burn::optim::{GradientsParams, LearningRate, MultiGradientsParams, Optimizer};
 use burn::tensor::backend::{AutodiffBackend, Backend};
@@ -18,12 +24,55 @@ use burn::tensor::{Scalar, Tensor, TensorPrimitive};
 #[derive(Clone)]
 pub struct RtpOptimizer<O> {
     inner: O,
+    clip_grad_norm: Option<f32>,
+    last_grad_norm: Option<GradNorm>,
+}
+
+/// The global gradient norm of one update, as [`RtpOptimizer::with_clip_grad_norm`] computed it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GradNorm {
+    /// `sqrt(Σ g²)` over every parameter and every rank, before clipping; the same on every rank.
+    pub norm: f32,
+    /// This rank's share of `Σ g²`: its gradient shards, plus, on rank 0 only, the replicated
+    /// gradients. Pass it to [`RtpDevice::check_finite`](crate::RtpDevice::check_finite) to
+    /// learn which rank a non-finite norm came from.
+    pub local_sum_of_squares: f32,
+    /// The factor the gradients were multiplied by: `min(1, max / (norm + 1e-6))`.
+    pub scale: f32,
 }
 
 impl<O> RtpOptimizer<O> {
     /// Wraps `inner`.
     pub fn new(inner: O) -> Self {
-        Self { inner }
+        Self {
+            inner,
+            clip_grad_norm: None,
+            last_grad_norm: None,
+        }
+    }
+
+    /// Scales all gradients by `min(1, max / (norm + 1e-6))` before each update, where `norm`
+    /// is the global L2 norm over every parameter of every rank: PyTorch's `clip_grad_norm_`,
+    /// and FSDP's. Sharded gradients count once (each rank its own shard), replicated ones
+    /// once (on rank 0); the ranks' shares meet in one scalar all-reduce.
+    ///
+    /// When the norm is NaN or infinite the update is skipped (the module is returned as it
+    /// was) and [`last_grad_norm`](Self::last_grad_norm) says so.
+    ///
+    /// # Panics
+    /// If `max` is not a positive finite number.
+    pub fn with_clip_grad_norm(mut self, max: f32) -> Self {
+        assert!(
+            max.is_finite() && max > 0.0,
+            "RtpOptimizer::with_clip_grad_norm: the maximum norm must be positive and finite, not {max}"
+        );
+        self.clip_grad_norm = Some(max);
+        self
+    }
+
+    /// The global gradient norm of the last update, when clipping is on.
+    pub fn last_grad_norm(&self) -> Option<GradNorm> {
+        self.last_grad_norm
     }
 
     /// The wrapped optimizer.
@@ -98,6 +147,129 @@ where
     module.visit(&mut visitor);
 }
 
+/// Adds up this rank's share of `Σ g²`: sharded gradients on every rank, replicated ones on
+/// rank 0 only, so that the sum over ranks counts every element once.
+struct SumOfSquares<'a, I: Backend> {
+    grads: &'a GradientsParams,
+    rank: usize,
+    sum: f64,
+    _inner: std::marker::PhantomData<I>,
+}
+
+impl<B, I> ModuleVisitor<B> for SumOfSquares<'_, I>
+where
+    I: Backend,
+    B: AutodiffBackend<InnerBackend = Rtp<I>>,
+{
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        let Some(grad) = self.grads.get::<Rtp<I>, D>(param.id) else {
+            return;
+        };
+        let grad = primitive(grad);
+        if !matches!(grad.layout, Layout::Sharded(_)) && self.rank != 0 {
+            return;
+        }
+        // g² is as large as the gradient: charge it while it lives.
+        let squares = Held::new(
+            &grad.ctx,
+            I::float_mul(grad.inner.clone(), grad.inner.clone()),
+            Category::Local,
+        );
+        let sum = squares.consume(|sq| read_host::<I>(I::float_sum(sq)));
+        self.sum += f64::from(sum.convert::<f32>().to_vec::<f32>().unwrap()[0]);
+    }
+}
+
+/// Multiplies every gradient by `scale`, keeping its layout.
+struct ScaleGradients<'a, I: Backend> {
+    grads: &'a mut GradientsParams,
+    scale: f32,
+    _inner: std::marker::PhantomData<I>,
+}
+
+impl<B, I> ModuleVisitor<B> for ScaleGradients<'_, I>
+where
+    I: Backend,
+    B: AutodiffBackend<InnerBackend = Rtp<I>>,
+{
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        let Some(grad) = self.grads.remove::<Rtp<I>, D>(param.id) else {
+            return;
+        };
+        let g = primitive(grad);
+        let scaled = I::float_mul_scalar(g.inner.clone(), Scalar::Float(f64::from(self.scale)));
+        let scaled = RtpTensor::new(g.ctx.clone(), scaled, g.layout.clone());
+        drop(g);
+        self.grads.register::<Rtp<I>, D>(
+            param.id,
+            Tensor::from_primitive(TensorPrimitive::Float(scaled)),
+        );
+    }
+}
+
+/// Clips the synchronised gradients in `grads` to the global norm `max` (see
+/// [`RtpOptimizer::with_clip_grad_norm`]) and returns the norm found.
+fn clip_grad_norm<M, B, I>(module: &M, grads: &mut GradientsParams, max: f32) -> Option<GradNorm>
+where
+    I: Backend,
+    B: AutodiffBackend<InnerBackend = Rtp<I>>,
+    M: AutodiffModule<B>,
+{
+    let ctx = module_ctx::<M, B, I>(module)?;
+    let mut squares = SumOfSquares::<I> {
+        grads,
+        rank: ctx.rank,
+        sum: 0.0,
+        _inner: std::marker::PhantomData,
+    };
+    module.visit(&mut squares);
+    let local = squares.sum as f32;
+    let total = sum_in_rank_order(all_gather_host(
+        &ctx,
+        "optimizer.clip_grad_norm",
+        vec![local],
+    ))[0];
+    let norm = total.sqrt();
+    let scale = (max / (norm + 1e-6)).min(1.0);
+    if norm.is_finite() && scale < 1.0 {
+        let mut scaler = ScaleGradients::<I> {
+            grads,
+            scale,
+            _inner: std::marker::PhantomData,
+        };
+        module.visit(&mut scaler);
+    }
+    Some(GradNorm {
+        norm,
+        local_sum_of_squares: local,
+        scale,
+    })
+}
+
+/// The rank context of a module's first float parameter (`None` for a module without one).
+fn module_ctx<M, B, I>(module: &M) -> Option<std::sync::Arc<crate::world::RankCtx<I>>>
+where
+    I: Backend,
+    B: AutodiffBackend<InnerBackend = Rtp<I>>,
+    M: AutodiffModule<B>,
+{
+    struct First<I: Backend>(Option<std::sync::Arc<crate::world::RankCtx<I>>>);
+    impl<B, I> ModuleVisitor<B> for First<I>
+    where
+        I: Backend,
+        B: AutodiffBackend<InnerBackend = Rtp<I>>,
+    {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            if self.0.is_none() {
+                self.0 = Some(primitive(param.val().inner()).ctx.clone());
+            }
+        }
+    }
+    let mut first = First::<I>(None);
+    module.visit(&mut first);
+    first.0
+}
+
 impl<M, B, I, O> Optimizer<M, B> for RtpOptimizer<O>
 where
     I: Backend,
@@ -109,6 +281,12 @@ where
 
     fn step(&mut self, lr: LearningRate, module: M, mut grads: GradientsParams) -> M {
         sync_gradients::<M, B, I>(&module, &mut grads);
+        if let Some(max) = self.clip_grad_norm {
+            self.last_grad_norm = clip_grad_norm::<M, B, I>(&module, &mut grads, max);
+            if self.last_grad_norm.is_some_and(|n| !n.norm.is_finite()) {
+                return module;
+            }
+        }
         self.inner.step(lr, module, grads)
     }
 
@@ -116,6 +294,10 @@ where
         for (g, _) in grads.grads.iter_mut() {
             sync_gradients::<M, B, I>(&module, g);
         }
+        assert!(
+            self.clip_grad_norm.is_none(),
+            "RtpOptimizer: global-norm clipping of multi-device gradients is not supported; use `step`"
+        );
         self.inner.step_multi(lr, module, grads)
     }
 
@@ -126,6 +308,7 @@ where
     fn load_record(self, record: Self::Record) -> Self {
         Self {
             inner: self.inner.load_record(record),
+            ..self
         }
     }
 }

@@ -4,6 +4,7 @@ use crate::checkpoint::{self, CheckpointError, Manifest, RunInfo};
 use crate::data::{Corpus, DataError, Windows};
 use crate::model::{Gpt, GptConfig};
 use crate::report::{PeakBytes, Report};
+use crate::schedule::{LrSchedule, Schedule};
 use burn::module::{AutodiffModule, Module};
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::tensor::activation::softmax;
@@ -13,6 +14,8 @@ use burn_rtp::{
     MemoryStats, RotationMode, Rtp, RtpConfig, RtpDevice, RtpOptimizer, Strategy, TransportKind,
 };
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use thiserror::Error;
 
@@ -94,8 +97,20 @@ pub struct TrainConfig {
     pub batch: usize,
     /// Model shape.
     pub model: GptConfig,
-    /// Adam learning rate.
+    /// Adam learning rate (the peak, when a schedule is set).
     pub lr: f64,
+    /// Steps of linear warm-up to `lr`, counted from the first step of the first run.
+    pub warmup_steps: usize,
+    /// What the rate does after the warm-up.
+    pub lr_schedule: LrSchedule,
+    /// Clip the global gradient norm (over all ranks' shards) to this value.
+    pub clip_grad_norm: Option<f32>,
+    /// When this flag is raised (by a signal handler, say), every rank finishes its current
+    /// step, a checkpoint is written (if `checkpoint_dir` is set) and the run ends early.
+    pub stop: Option<Arc<AtomicBool>>,
+    /// Makes the loss of step `.0` (counted from 1) NaN on rank `.1`: a fault to test the
+    /// non-finite guard with.
+    pub inject_non_finite_loss: Option<(usize, usize)>,
     /// Seed of initialisation and data order.
     pub seed: u64,
     /// Training text instead of the shipped corpus.
@@ -135,6 +150,11 @@ impl TrainConfig {
             batch: 32,
             model: GptConfig::new(64, 96, 2, 4),
             lr: 3e-3,
+            warmup_steps: 0,
+            lr_schedule: LrSchedule::Constant,
+            clip_grad_norm: None,
+            stop: None,
+            inject_non_finite_loss: None,
             seed: 42,
             data: None,
             checkpoint_dir: None,
@@ -157,6 +177,9 @@ impl TrainConfig {
             ("seed", self.seed.to_string()),
             ("global batch", self.batch.to_string()),
             ("learning rate", self.lr.to_string()),
+            ("warm-up steps", self.warmup_steps.to_string()),
+            ("learning-rate schedule", self.lr_schedule.to_string()),
+            ("gradient clipping", format!("{:?}", self.clip_grad_norm)),
             ("steps", self.steps.to_string()),
             ("corpus", format!("{:?}", self.data)),
             ("resumed checkpoint", format!("{:?}", self.resume)),
@@ -174,6 +197,55 @@ impl TrainConfig {
             seed: self.seed,
             shard_threshold: self.threshold(),
         }
+    }
+
+    /// Checks every setting that needs no file or rank, so that a bad value is refused before
+    /// anything is built. `train` calls it too.
+    pub fn validate(&self) -> Result<(), TrainError> {
+        let bad = |msg: String| Err(TrainError::Config(msg));
+        self.model.validate().map_err(TrainError::Config)?;
+        if !(self.lr.is_finite() && self.lr > 0.0) {
+            return bad(format!(
+                "--lr must be a positive finite number, not {}",
+                self.lr
+            ));
+        }
+        if self.lr_schedule != LrSchedule::Constant || self.warmup_steps > 1 {
+            // Burn's schedulers, which build the schedule, take rates in (0, 1].
+            if self.lr > 1.0 {
+                return bad(format!(
+                    "--lr {} is above 1, which a warm-up or cosine schedule does not take",
+                    self.lr
+                ));
+            }
+        }
+        if let Some(c) = self.clip_grad_norm {
+            if !(c.is_finite() && c > 0.0) {
+                return bad(format!(
+                    "--clip-grad-norm must be a positive finite number, not {c}"
+                ));
+            }
+        }
+        if self.resume.is_none() && self.warmup_steps > self.steps {
+            return bad(format!(
+                "--warmup-steps {} is more than the {} --steps of the run",
+                self.warmup_steps, self.steps
+            ));
+        }
+        let world = self.strategy.world_size(self.ranks);
+        if world == 0 {
+            return bad("--ranks must be at least 1".into());
+        }
+        if self.batch == 0 || !self.batch.is_multiple_of(world) {
+            return bad(format!(
+                "--batch {} (the global batch) must be a positive multiple of the {world} ranks",
+                self.batch
+            ));
+        }
+        if self.eval_batches == 0 {
+            return bad("at least one validation batch is needed".into());
+        }
+        Ok(())
     }
 
     /// The shard threshold this run uses.
@@ -198,6 +270,17 @@ pub enum TrainError {
     /// A rank failed.
     #[error(transparent)]
     Rtp(#[from] burn_rtp::RtpError),
+    /// A loss or gradient norm became NaN or infinite; every rank stopped before applying
+    /// the step, and no checkpoint was written after it.
+    #[error("{error}; stopped before updating the model, and no checkpoint was written after step {last_good}; {}", match checkpoint { Some(p) => format!("the last good checkpoint is {}", p.display()), None => "no checkpoint of a good step exists".into() })]
+    NonFinite {
+        /// The agreed error (step and first bad rank).
+        error: Box<burn_rtp::RtpError>,
+        /// The last step whose update was applied.
+        last_good: usize,
+        /// The last checkpoint written, or the one the run resumed from.
+        checkpoint: Option<PathBuf>,
+    },
 }
 
 /// What rank 0 reports after each step.
@@ -209,6 +292,10 @@ pub struct StepEvent {
     pub total: usize,
     /// Mean training loss of this step over all ranks.
     pub train_loss: f32,
+    /// Learning rate of this step.
+    pub lr: f64,
+    /// Global gradient norm before clipping (when clipping is on).
+    pub grad_norm: Option<f32>,
     /// Latest validation loss.
     pub val_loss: f32,
     /// Training tokens per second over all ranks.
@@ -237,6 +324,8 @@ pub struct TrainOutcome {
     pub sample: String,
     /// Where the last checkpoint was written.
     pub checkpoint: Option<PathBuf>,
+    /// The step after which a stop request ended the run early (`None`: it ran to the end).
+    pub stopped_at: Option<usize>,
 }
 
 type Ad<I> = burn::backend::Autodiff<Rtp<I>>;
@@ -252,6 +341,9 @@ struct RankResult {
     memory: Vec<RankMemory>,
     sample: String,
     checkpoint: Option<PathBuf>,
+    stopped_at: Option<usize>,
+    /// The agreed non-finite error, with the last good step.
+    failure: Option<(burn_rtp::RtpError, usize)>,
 }
 
 /// One rank's peaks: the ledger's and the operating system's.
@@ -337,22 +429,8 @@ pub fn train<I: Backend>(
     inner_device: impl Fn(usize) -> I::Device,
     progress: Option<&dyn Progress>,
 ) -> Result<TrainOutcome, TrainError> {
-    cfg.model.validate().map_err(TrainError::Config)?;
+    cfg.validate()?;
     let world = cfg.strategy.world_size(cfg.ranks);
-    if world == 0 {
-        return Err(TrainError::Config("--ranks must be at least 1".into()));
-    }
-    if cfg.batch == 0 || !cfg.batch.is_multiple_of(world) {
-        return Err(TrainError::Config(format!(
-            "--batch {} (the global batch) must be a positive multiple of the {world} ranks",
-            cfg.batch
-        )));
-    }
-    if cfg.eval_batches == 0 {
-        return Err(TrainError::Config(
-            "at least one validation batch is needed".into(),
-        ));
-    }
     let corpus = Corpus::load(cfg.data.as_deref(), cfg.model.seq)?;
     let resume = match &cfg.resume {
         Some(path) => {
@@ -364,6 +442,11 @@ pub fn train<I: Backend>(
     };
     let start = resume.as_ref().map_or(0, |(m, _)| m.step);
     let end = start + cfg.steps;
+    // Built once here to refuse a bad schedule before any rank starts; each rank clones it.
+    let mut schedule = Schedule::new(cfg.lr, cfg.warmup_steps, end, cfg.lr_schedule)
+        .map_err(TrainError::Config)?;
+    schedule.advance(start);
+    let resumed_from = resume.as_ref().map(|(_, dir)| dir.clone());
     let per = cfg.batch / world;
     let mut rtp = cfg
         .strategy
@@ -381,6 +464,10 @@ pub fn train<I: Backend>(
         let rank = device.rank();
         let mut model = cfg.model.init::<Ad<I>>(&device);
         let mut optim = RtpOptimizer::new(AdamConfig::new().init::<Ad<I>, Gpt<Ad<I>>>());
+        if let Some(max) = cfg.clip_grad_norm {
+            optim = optim.with_clip_grad_norm(max);
+        }
+        let mut schedule = schedule.clone();
         if let Some(path) = &cfg.init {
             model = checkpoint::load_full_into(path, model, &device)?;
         }
@@ -392,22 +479,53 @@ pub fn train<I: Backend>(
         let mut losses = Vec::with_capacity(cfg.steps);
         let mut step_ms = Vec::with_capacity(cfg.steps);
         let mut checkpoint = None;
+        let mut saved_at = None;
         let mut trained_s = 0.0;
+        let mut last = end;
+        let mut stopped_at = None;
+        let mut failure = None;
         for step in start..end {
             let t0 = Instant::now();
+            let done = step + 1;
             let rows = rank * per..(rank + 1) * per;
             let (x, y) = Windows::train(&corpus, cfg.seed, step, rows, cfg.model.seq)
                 .tensors::<Ad<I>>(&device);
             let loss = model.loss(x, y);
-            let local = loss.clone().into_scalar().elem::<f32>();
+            let mut local = loss.clone().into_scalar().elem::<f32>();
+            if cfg.inject_non_finite_loss == Some((done, rank)) {
+                local = f32::NAN;
+            }
+            // Every rank learns of a bad loss on any rank here, before the update.
+            let mean = match device.check_finite(done as u64, "loss", local) {
+                Ok(mean) => mean,
+                Err(e) => {
+                    failure = Some((e, step));
+                    break;
+                }
+            };
+            let lr = schedule.next().expect("a schedule never ends");
             let grads = GradientsParams::from_grads(loss.backward(), &model);
-            model = optim.step(cfg.lr, model, grads);
-            let mean = device.all_reduce_mean(local);
+            model = optim.step(lr, model, grads);
+            let grad_norm = optim.last_grad_norm();
+            if let Some(n) = grad_norm.filter(|n| !n.norm.is_finite()) {
+                // The optimizer skipped the update; find the rank the bad value came from.
+                let err = device
+                    .check_finite(done as u64, "gradient norm", n.local_sum_of_squares)
+                    .err()
+                    .unwrap_or(burn_rtp::RtpError::NonFinite {
+                        rank,
+                        step: done as u64,
+                        what: "gradient norm".into(),
+                        bad_rank: 0,
+                        value: n.norm.to_string(),
+                    });
+                failure = Some((err, step));
+                break;
+            }
             let dt = t0.elapsed().as_secs_f64();
             trained_s += dt;
             step_ms.push(dt * 1e3);
             losses.push(mean);
-            let done = step + 1;
             if cfg.eval_every > 0 && done % cfg.eval_every == 0 && done != end {
                 val = evaluate(&model.valid(), &corpus, cfg, &device);
             }
@@ -421,6 +539,7 @@ pub fn train<I: Backend>(
                         &model,
                         &optim,
                     )?);
+                    saved_at = Some(done);
                 }
             }
             if let (0, Some(p)) = (rank, progress) {
@@ -428,30 +547,58 @@ pub fn train<I: Backend>(
                     step: done,
                     total: end,
                     train_loss: mean,
+                    lr,
+                    grad_norm: grad_norm.map(|n| n.norm),
                     val_loss: val,
                     tokens_per_s: (done - start) as f64 * (cfg.batch * cfg.model.seq) as f64
                         / trained_s,
                     peak: device.memory_peak(),
                 });
             }
+            // Ranks see a signal at different moments; they agree to stop after one step.
+            if let Some(stop) = &cfg.stop {
+                if done != end && device.any_rank(stop.load(Ordering::SeqCst)) {
+                    last = done;
+                    stopped_at = Some(done);
+                    break;
+                }
+            }
+        }
+        if let Some((error, step)) = failure {
+            return Ok(RankResult {
+                rank,
+                losses,
+                step_ms,
+                initial_val,
+                final_val: f32::NAN,
+                params: model.num_params(),
+                memory: Vec::new(),
+                sample: String::new(),
+                checkpoint,
+                stopped_at,
+                failure: Some((error, step)),
+            });
         }
         let final_val = evaluate(&model.valid(), &corpus, cfg, &device);
         if let Some(root) = &cfg.checkpoint_dir {
-            checkpoint = Some(checkpoint::save(
-                &device,
-                root,
-                end,
-                &cfg.info(),
-                &model,
-                &optim,
-            )?);
+            if saved_at != Some(last) {
+                checkpoint = Some(checkpoint::save(
+                    &device,
+                    root,
+                    last,
+                    &cfg.info(),
+                    &model,
+                    &optim,
+                )?);
+            }
         }
         let own = RankMemory {
             ledger: PeakBytes::from(device.memory_peak()),
             rss: burn_rtp::peak_rss_bytes().unwrap_or(0),
         };
         let memory = device.all_gather_json(&own);
-        let text = if cfg.sample_bytes > 0 {
+        // A stopped run was asked to end soon: it skips the sample.
+        let text = if cfg.sample_bytes > 0 && stopped_at.is_none() {
             sample(
                 &model.valid(),
                 &device,
@@ -473,15 +620,24 @@ pub fn train<I: Backend>(
             memory,
             sample: text,
             checkpoint,
+            stopped_at,
+            failure: None,
         })
     })?;
     let first = &results[0];
+    if let Some((error, last_good)) = &first.failure {
+        return Err(TrainError::NonFinite {
+            error: Box::new(error.clone()),
+            last_good: *last_good,
+            checkpoint: first.checkpoint.clone().or(resumed_from),
+        });
+    }
     let step_ms = median(&first.step_ms);
     let tokens = (cfg.batch * cfg.model.seq) as f64;
     let report = Report {
         strategy: cfg.strategy.to_string(),
         ranks: world,
-        steps: cfg.steps,
+        steps: first.losses.len(),
         params: first.params,
         tokens_per_s: if step_ms > 0.0 {
             tokens / (step_ms / 1e3)
@@ -503,5 +659,6 @@ pub fn train<I: Backend>(
         initial_val_loss: first.initial_val as f64,
         sample: first.sample.clone(),
         checkpoint: first.checkpoint.clone(),
+        stopped_at: first.stopped_at,
     })
 }

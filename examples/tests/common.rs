@@ -78,3 +78,165 @@ pub fn initial_weights(cfg: &TrainConfig, dir: &std::path::Path) -> std::path::P
 pub fn rel_close(a: f64, b: f64, tol: f64) -> bool {
     (a - b).abs() <= tol * a.abs().max(b.abs()).max(1e-6)
 }
+
+/// The `gpt` example binary of this build, built first if needed (a no-op after
+/// `cargo test --workspace`, which builds the examples before it runs the tests).
+pub fn gpt_binary() -> std::path::PathBuf {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut cmd = std::process::Command::new(cargo);
+    cmd.args(["build", "-q", "-p", "burn-rtp-examples", "--example", "gpt"]);
+    if cfg!(feature = "mpi") {
+        cmd.args(["--features", "mpi"]);
+    }
+    let status = cmd.status().expect("cargo runs");
+    assert!(status.success(), "building the gpt example failed");
+    let exe = std::env::current_exe().unwrap();
+    // target/<profile>/deps/<test> -> target/<profile>/examples/gpt
+    let path = exe
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("examples")
+        .join("gpt");
+    assert!(path.exists(), "{} was not built", path.display());
+    path
+}
+
+/// The tiny configuration of [`tiny`] as `gpt` flags.
+pub fn tiny_flags(ranks: usize) -> Vec<String> {
+    [
+        "--ranks",
+        &ranks.to_string(),
+        "--batch",
+        "12",
+        "--seq",
+        "8",
+        "--d-model",
+        "20",
+        "--layers",
+        "1",
+        "--heads",
+        "2",
+        "--shard-threshold",
+        "0",
+        "--eval-every",
+        "0",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+/// What a run stopped by a signal printed and how it ended.
+pub struct Stopped {
+    /// The last step the run had printed when the signal was sent.
+    pub seen: usize,
+    /// The step the run says it stopped after.
+    pub stopped: usize,
+    /// Its exit status.
+    pub status: std::process::ExitStatus,
+    /// What it printed after the signal.
+    pub rest: Vec<String>,
+}
+
+fn step_of(line: &str) -> Option<usize> {
+    line.strip_prefix("step ")
+        .and_then(|l| l.split('/').next())
+        .and_then(|s| s.parse().ok())
+}
+
+/// Starts `cmd` (a `gpt` run with `--log-every 1`), calls `signal(pid)` once it printed step 3,
+/// and waits (at most 120 s) for it to end.
+pub fn stop_mid_run(mut cmd: std::process::Command, signal: impl FnOnce(u32)) -> Stopped {
+    use std::io::BufRead;
+    let mut run = cmd
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = run.id();
+    let mut lines = std::io::BufReader::new(run.stdout.take().unwrap()).lines();
+    let mut seen = 0;
+    for line in lines.by_ref() {
+        if let Some(s) = step_of(&line.unwrap()) {
+            seen = s;
+            if s >= 3 {
+                break;
+            }
+        }
+    }
+    assert!(seen >= 3, "the trainer printed no progress");
+    signal(pid);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rest: Vec<String> = lines.map_while(Result::ok).collect();
+        let _ = tx.send(rest);
+    });
+    let rest = rx
+        .recv_timeout(std::time::Duration::from_secs(120))
+        .unwrap_or_else(|_| {
+            let _ = run.kill();
+            panic!("the run did not end within 120 s of the signal")
+        });
+    let status = run.wait().unwrap();
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut run.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(status.success(), "exit {status}: {stderr}\n{rest:?}");
+    let last = rest.iter().filter_map(|l| step_of(l)).max().unwrap_or(seen);
+    let stopped: usize = rest
+        .iter()
+        .find_map(|l| l.strip_prefix("stopped by a signal after step "))
+        .and_then(|l| l.split(';').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no stop line in {rest:?}\n{stderr}"));
+    assert_eq!(
+        stopped, last,
+        "the last progress line and the stop line disagree: {rest:?}"
+    );
+    assert!(
+        stopped <= seen + 2,
+        "signalled after step {seen} was printed, stopped after step {stopped}"
+    );
+    Stopped {
+        seen,
+        stopped,
+        status,
+        rest,
+    }
+}
+
+/// Resumes the checkpoint under `root` in-process for 4 steps and checks that the losses equal
+/// those of one straight run through the same steps, bit for bit.
+pub fn assert_resumes_exactly(
+    gpt: &std::path::Path,
+    flags: &[String],
+    root: &std::path::Path,
+    stopped: usize,
+    dir: &std::path::Path,
+) {
+    let more = 4;
+    let run = |steps: usize, resume: bool, report: &str| {
+        let mut cmd = std::process::Command::new(gpt);
+        cmd.args(flags)
+            .args(["--steps", &steps.to_string(), "--transport", "in-process"])
+            .arg("--report")
+            .arg(dir.join(report));
+        if resume {
+            cmd.arg("--resume").arg(root);
+        }
+        let out = cmd.output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let text = std::fs::read_to_string(dir.join(report)).unwrap();
+        serde_json::from_str::<burn_rtp_examples::Report>(&text)
+            .unwrap()
+            .losses
+    };
+    let resumed = run(more, true, "resumed.json");
+    let straight = run(stopped + more, false, "straight.json");
+    assert_eq!(
+        resumed,
+        straight[stopped..],
+        "resuming after the signal must continue bit for bit"
+    );
+}

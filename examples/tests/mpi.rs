@@ -345,3 +345,73 @@ fn a_world_size_other_than_np_is_an_error() {
         "{log}"
     );
 }
+
+/// Every process of the mpirun job that runs the gpt binary.
+fn ranks_of(mpirun_pid: u32) -> Vec<String> {
+    let out = Command::new("pgrep")
+        .args(["-P", &mpirun_pid.to_string()])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .map(str::to_string)
+        .collect()
+}
+
+/// A graceful stop of an mpirun job, in the two ways a user or a scheduler sends it: SIGTERM
+/// to every rank (what Slurm's `scancel` does) and SIGUSR1 to mpirun (which forwards it).
+/// Every rank finishes within 2 steps, the checkpoint is written, the job exits 0, and
+/// resuming continues bit-exactly.
+#[test]
+fn a_signal_stops_an_mpi_job_cleanly_and_its_checkpoint_resumes_exactly() {
+    let gpt = common::gpt_binary();
+    for (how, np) in [("sigterm-ranks", 3), ("sigusr1-mpirun", 2)] {
+        let dir = temp_dir(how);
+        let root = dir.join("ckpt");
+        let flags = common::tiny_flags(np);
+        let mut cmd = Command::new("mpirun");
+        cmd.args([
+            "--oversubscribe",
+            "--allow-run-as-root",
+            "-np",
+            &np.to_string(),
+        ])
+        .arg(&gpt)
+        .args(&flags)
+        .args(["--steps", "100000", "--log-every", "1"])
+        .arg("--checkpoint-dir")
+        .arg(&root)
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+        let stop = common::stop_mid_run(cmd, |mpirun| {
+            let targets = if how == "sigterm-ranks" {
+                let ranks = ranks_of(mpirun);
+                assert_eq!(
+                    ranks.len(),
+                    np,
+                    "rank processes of mpirun {mpirun}: {ranks:?}"
+                );
+                ranks.into_iter().map(|p| ("-TERM", p)).collect()
+            } else {
+                vec![("-USR1", mpirun.to_string())]
+            };
+            for (signal, pid) in targets {
+                assert!(Command::new("kill")
+                    .args([signal, &pid])
+                    .status()
+                    .unwrap()
+                    .success());
+            }
+        });
+        eprintln!(
+            "{how}: signalled after step {}, stopped after step {}",
+            stop.seen, stop.stopped
+        );
+        let manifest = root
+            .join(format!("step-{:08}", stop.stopped))
+            .join("manifest.json");
+        assert!(manifest.exists(), "{how}: {:?}", stop.rest);
+        common::assert_resumes_exactly(&gpt, &flags, &root, stop.stopped, &dir);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
