@@ -40,6 +40,52 @@ enum Command {
         #[arg(long)]
         out: PathBuf,
     },
+    /// Predict each rank's peak memory under every strategy at N = 1, 2, 4, 8 and 16, from
+    /// a probe step on one rank, and recommend the smallest world that fits a budget.
+    Plan {
+        /// Memory per rank, such as 64MiB or 2GB.
+        #[arg(long)]
+        memory_budget: String,
+        /// Sequences per rank.
+        #[arg(long, default_value_t = 8)]
+        batch_per_rank: usize,
+        /// The largest world to consider.
+        #[arg(long, default_value_t = 16)]
+        max_ranks: usize,
+        #[command(flatten)]
+        model: ModelArgs,
+    },
+}
+
+/// The model's shape, shared by training and planning.
+#[derive(Args, Debug)]
+struct ModelArgs {
+    /// Context length in bytes.
+    #[arg(long, default_value_t = 64)]
+    seq: usize,
+    /// Model width.
+    #[arg(long, default_value_t = 96)]
+    d_model: usize,
+    /// Transformer blocks.
+    #[arg(long, default_value_t = 2)]
+    layers: usize,
+    /// Attention heads.
+    #[arg(long, default_value_t = 4)]
+    heads: usize,
+    /// Use the token embedding as the LM head too (GPT-2's weight tying).
+    #[arg(long)]
+    tie_embeddings: bool,
+    /// Replicate parameters with fewer elements than this instead of sharding them
+    /// (default: the library's measured crossover, 65536; 0 shards every parameter).
+    #[arg(long)]
+    shard_threshold: Option<usize>,
+}
+
+impl ModelArgs {
+    fn config(&self) -> GptConfig {
+        GptConfig::new(self.seq, self.d_model, self.layers, self.heads)
+            .with_tie_embeddings(self.tie_embeddings)
+    }
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug)]
@@ -75,25 +121,8 @@ struct TrainArgs {
     /// Global batch: sequences per step over all ranks.
     #[arg(long, default_value_t = 32)]
     batch: usize,
-    /// Context length in bytes.
-    #[arg(long, default_value_t = 64)]
-    seq: usize,
-    /// Model width.
-    #[arg(long, default_value_t = 96)]
-    d_model: usize,
-    /// Transformer blocks.
-    #[arg(long, default_value_t = 2)]
-    layers: usize,
-    /// Attention heads.
-    #[arg(long, default_value_t = 4)]
-    heads: usize,
-    /// Use the token embedding as the LM head too (GPT-2's weight tying).
-    #[arg(long)]
-    tie_embeddings: bool,
-    /// Replicate parameters with fewer elements than this instead of sharding them
-    /// (default: the library's measured crossover, 65536; 0 shards every parameter).
-    #[arg(long)]
-    shard_threshold: Option<usize>,
+    #[command(flatten)]
+    model: ModelArgs,
     /// Adam learning rate (the peak rate, under a schedule).
     #[arg(long, default_value_t = 3e-3)]
     lr: f64,
@@ -280,8 +309,109 @@ fn print_summary(out: &TrainOutcome) {
     }
 }
 
+/// `gpt plan`: probes the model on one rank, prints the predicted peak per rank of every
+/// strategy at N = 1, 2, 4, 8 and 16, and recommends the smallest world that fits.
+fn plan(budget: &str, batch: usize, max_ranks: usize, model: &ModelArgs) -> ExitCode {
+    let fail = |msg: String| {
+        eprintln!("error: {msg}");
+        ExitCode::FAILURE
+    };
+    let budget = match burn_rtp::parse_bytes(budget) {
+        Ok(b) => b,
+        Err(e) => return fail(format!("--memory-budget: {e}")),
+    };
+    if batch == 0 || max_ranks == 0 {
+        return fail("--batch-per-rank and --max-ranks must be at least 1".into());
+    }
+    let config = model.config();
+    if let Err(e) = config.validate() {
+        return fail(e);
+    }
+    let threshold = model
+        .shard_threshold
+        .unwrap_or(burn_rtp::DEFAULT_SHARD_THRESHOLD);
+    let spinner = ProgressBar::new_spinner();
+    spinner.set_message(format!(
+        "probing two training steps on one rank, at {} and {} sequences",
+        (batch / 2).max(1),
+        batch.max(2)
+    ));
+    spinner.enable_steady_tick(std::time::Duration::from_millis(100));
+    let plan_config = burn_rtp::PlanConfig::default()
+        .with_shard_threshold(threshold)
+        .with_batch(batch);
+    let planner =
+        burn_rtp_examples::plan::probe_gpt::<burn::backend::NdArray>(&config, plan_config);
+    spinner.finish_and_clear();
+    let planner = match planner {
+        Ok(p) => p,
+        Err(e) => return fail(e),
+    };
+    let params: usize = planner.shapes().iter().map(|s| s.num_elements()).sum();
+    let recommended = planner.recommend(budget, batch, max_ranks);
+    println!(
+        "Predicted peak memory per rank: GPT (d_model {}, {} layers, context {}; {params} parameters), {batch} sequences per rank, Adam, shard threshold {threshold}; budget {}",
+        config.d_model,
+        config.layers,
+        config.seq,
+        human_bytes(budget)
+    );
+    println!(
+        "\n{:>5}  {:<20}  {:>12}  {:>12}  {:>12}  {:>12}  fits",
+        "ranks", "strategy", "model state", "activations", "in flight", "total"
+    );
+    let mut worlds: Vec<usize> = [1, 2, 4, 8, 16]
+        .into_iter()
+        .filter(|&n| n <= max_ranks)
+        .collect();
+    if let Ok(r) = &recommended {
+        if !worlds.contains(&r.world) {
+            worlds.push(r.world);
+            worlds.sort_unstable();
+        }
+    }
+    for p in planner.table(&worlds, batch) {
+        let mark = match &recommended {
+            Ok(r) if r == &p => "yes  <- recommended",
+            _ if p.total <= budget => "yes",
+            _ => "no",
+        };
+        println!(
+            "{:>5}  {:<20}  {:>12}  {:>12}  {:>12}  {:>12}  {mark}",
+            p.world,
+            p.label(),
+            human_bytes(p.model_state),
+            human_bytes(p.activations),
+            human_bytes(p.in_flight),
+            human_bytes(p.total),
+        );
+    }
+    match recommended {
+        Ok(r) => {
+            println!(
+                "\nrecommended: {} on {} rank(s), predicted peak {} per rank (budget {})",
+                r.label(),
+                r.world,
+                human_bytes(r.total),
+                human_bytes(budget)
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(e.to_string()),
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Some(Command::Plan {
+        memory_budget,
+        batch_per_rank,
+        max_ranks,
+        model,
+    }) = &cli.command
+    {
+        return plan(memory_budget, *batch_per_rank, *max_ranks, model);
+    }
     if let Some(Command::Consolidate { checkpoint, out }) = &cli.command {
         return match consolidate_checkpoint::<burn::backend::NdArray>(checkpoint, out) {
             Ok(m) => {
@@ -342,9 +472,8 @@ fn main() -> ExitCode {
     cfg.rotation = a.rotation;
     cfg.steps = a.steps;
     cfg.batch = a.batch;
-    cfg.model =
-        GptConfig::new(a.seq, a.d_model, a.layers, a.heads).with_tie_embeddings(a.tie_embeddings);
-    cfg.shard_threshold = a.shard_threshold;
+    cfg.model = a.model.config();
+    cfg.shard_threshold = a.model.shard_threshold;
     cfg.lr = a.lr;
     cfg.warmup_steps = a.warmup_steps;
     cfg.lr_schedule = a.lr_schedule;
@@ -370,9 +499,9 @@ fn main() -> ExitCode {
     if is_rank0 {
         println!(
             "Training a byte-level GPT (d_model {}, {} layers, context {}) with {} on {} {place}, {} steps of {} sequences",
-            a.d_model,
-            a.layers,
-            a.seq,
+            a.model.d_model,
+            a.model.layers,
+            a.model.seq,
             a.strategy,
             a.strategy.world_size(ranks),
             a.steps,

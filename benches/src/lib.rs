@@ -3,6 +3,7 @@
 #![warn(missing_docs)]
 
 pub mod mpi_report;
+pub mod planner_check;
 pub mod report;
 
 use burn::backend::{Autodiff, NdArray};
@@ -114,6 +115,7 @@ enum Cmd {
     Peak,
     Timeline(bool),
     Exchanges,
+    State,
     Stop,
 }
 
@@ -123,6 +125,7 @@ enum Reply {
     Peak(usize, MemoryStats),
     Timeline(usize, Vec<Interval>),
     Exchanges(usize, u64),
+    State(usize, u64),
     Ack,
 }
 
@@ -148,6 +151,7 @@ fn rank_loop(
     let mut model: Gpt<B> = case.model.init::<B>(&device);
     let mut optim = RtpOptimizer::new(AdamConfig::new().init::<B, Gpt<B>>());
     let mut step = 0;
+    let mut state_with_grads = 0;
     let _ = replies.send(Reply::Ready(model.num_params()));
     while let Ok(cmd) = commands.recv() {
         match cmd {
@@ -163,7 +167,11 @@ fn rank_loop(
                     )
                     .tensors::<B>(&device);
                     let loss = model.loss(x, y);
-                    let grads = GradientsParams::from_grads(loss.backward(), &model);
+                    let mut grads = GradientsParams::from_grads(loss.backward(), &model);
+                    // Synchronised here (the optimizer's own call is then a no-op) to read
+                    // the model state with every gradient on its shard.
+                    burn_rtp::sync_gradients::<Gpt<B>, B, NdArray>(&model, &mut grads);
+                    state_with_grads = device.memory_live().sharded;
                     model = optim.step(1e-3, model, grads);
                     step += 1;
                 }
@@ -182,6 +190,9 @@ fn rank_loop(
             }
             Cmd::Exchanges => {
                 let _ = replies.send(Reply::Exchanges(rank, device.exchanges()));
+            }
+            Cmd::State => {
+                let _ = replies.send(Reply::State(rank, state_with_grads));
             }
             Cmd::Stop => break,
         }
@@ -313,6 +324,16 @@ impl Driver {
         self.steps(k)?;
         let after = count(self)?;
         Ok((after - before) as f64 / k as f64)
+    }
+
+    /// Rank 0's model-state bytes in its last step, with parameters, synchronised gradients
+    /// and optimizer state all alive.
+    pub fn model_state_with_gradients(&mut self) -> Result<u64, RtpError> {
+        let replies = self.broadcast(|| Cmd::State)?;
+        Ok(in_rank_order(replies, |r| match r {
+            Reply::State(rank, b) => Some((rank, b)),
+            _ => None,
+        })[0])
     }
 
     /// Records the rotation timeline during `k` steps and returns each rank's intervals.

@@ -49,6 +49,9 @@ pub struct JobResult {
     pub ledger_peak_bytes: Vec<u64>,
     /// Each rank's process peak resident set (`VmHWM`), in bytes.
     pub peak_rss_bytes: Vec<u64>,
+    /// Each rank's peak resident set just before its model was built, in bytes.
+    #[serde(default)]
+    pub baseline_rss_bytes: Vec<u64>,
     /// Each rank's share of wire time hidden behind compute (`None`: no compute intervals,
     /// as in DDP and FSDP, which do not rotate).
     pub overlap: Vec<Option<f64>>,
@@ -58,6 +61,7 @@ pub struct JobResult {
 struct RankFigures {
     ledger: u64,
     rss: u64,
+    baseline: u64,
     overlap: Option<f64>,
 }
 
@@ -71,6 +75,7 @@ pub fn worker(job: &Job) -> Result<(), String> {
     let results = burn_rtp::launch::<NdArray, _, _>(config, |device| {
         B::seed(&device, 7);
         let (rank, per) = (device.rank(), job.batch_per_rank);
+        let baseline = burn_rtp::peak_rss_bytes().unwrap_or(0);
         let mut model: Gpt<B> = job.model.init::<B>(&device);
         let mut optim = RtpOptimizer::new(AdamConfig::new().init::<B, Gpt<B>>());
         let mut step_s = Vec::new();
@@ -102,6 +107,7 @@ pub fn worker(job: &Job) -> Result<(), String> {
         let own = RankFigures {
             ledger: device.memory_peak().total,
             rss: burn_rtp::peak_rss_bytes().unwrap_or(0),
+            baseline,
             overlap: burn_rtp::timeline::hidden_transfer_fraction(&timeline),
         };
         let all = device.all_gather_json(&own);
@@ -110,6 +116,7 @@ pub fn worker(job: &Job) -> Result<(), String> {
             step_s,
             ledger_peak_bytes: all.iter().map(|f| f.ledger).collect(),
             peak_rss_bytes: all.iter().map(|f| f.rss).collect(),
+            baseline_rss_bytes: all.iter().map(|f| f.baseline).collect(),
             overlap: all.iter().map(|f| f.overlap).collect(),
         })
     })
@@ -151,6 +158,8 @@ pub struct MpiReportConfig {
     pub capacity_limit_bytes: u64,
     /// Models the capacity search tries, smallest first.
     pub capacity_candidates: Vec<GptConfig>,
+    /// Where the memory planner's predictions are checked against each process's RSS.
+    pub planner_grid: Vec<crate::planner_check::PlanPoint>,
 }
 
 impl MpiReportConfig {
@@ -177,6 +186,7 @@ impl MpiReportConfig {
             steps: 3,
             capacity_limit_bytes: 768 << 20,
             capacity_candidates: crate::report::capacity_candidates(8, 256, 4096),
+            planner_grid: crate::planner_check::rss_grid(),
         }
     }
 
@@ -202,6 +212,7 @@ impl MpiReportConfig {
             steps: 2,
             capacity_limit_bytes: 320 << 20,
             capacity_candidates: crate::report::capacity_candidates(8, 64, 1024),
+            planner_grid: crate::planner_check::tiny_grid()[..1].to_vec(),
         }
     }
 }
@@ -408,6 +419,13 @@ pub fn run(
         json!(capacity[1].2 as f64 / capacity[0].2 as f64),
     );
 
+    let planner_rows = planner_rows(&cfg.planner_grid, exe, &scratch, log)?;
+    let worst_rss = planner_rows
+        .iter()
+        .filter_map(|r| r["rel_error_rss"].as_f64())
+        .map(f64::abs)
+        .fold(0.0, f64::max);
+
     let mut details = Vec::new();
     for ((c, n, v), cell) in &cells {
         details.push(json!({
@@ -418,8 +436,10 @@ pub fn run(
             "overlap_fraction": if cell.overlap.is_empty() { Value::Null } else { summary(&cell.overlap) },
         }));
     }
+    headline.insert("planner_max_rel_error_rss".into(), json!(worst_rss));
     let mut report = Value::Object(headline);
     report["cells"] = json!(details);
+    report["planner"] = json!(planner_rows);
     report["capacity"] = json!(capacity
         .iter()
         .map(|(v, m, p)| json!({"strategy": v.name(), "ranks": capacity_n, "d_model": m.d_model, "layers": m.layers, "params": p}))
@@ -440,8 +460,62 @@ pub fn run(
     Ok(report)
 }
 
+/// The memory planner, probed in this process at N = 1, against each grid point's RSS
+/// growth under mpirun (rank 0's `VmHWM` minus its value just before the model was built).
+pub fn planner_rows(
+    grid: &[crate::planner_check::PlanPoint],
+    exe: &Path,
+    scratch: &Path,
+    log: &dyn Fn(&str),
+) -> Result<Vec<Value>, Box<dyn std::error::Error>> {
+    let mut planner_rows = Vec::new();
+    for p in grid {
+        let b = p.batch_per_rank;
+        let plan_config = burn_rtp::PlanConfig::default().with_batch(b);
+        let planner = burn_rtp_examples::plan::probe_gpt::<NdArray>(&p.model, plan_config)?;
+        for variant in STRATEGIES {
+            let (strategy, rotation) = match variant {
+                Variant::Ddp => (burn_rtp::Strategy::Ddp, burn_rtp::RotationMode::OutOfPlace),
+                Variant::Fsdp => (burn_rtp::Strategy::Fsdp, burn_rtp::RotationMode::OutOfPlace),
+                _ => (burn_rtp::Strategy::Rtp, burn_rtp::RotationMode::OutOfPlace),
+            };
+            let prediction = planner.predict(strategy, rotation, p.ranks, b);
+            let predicted = prediction.total;
+            let job = Job {
+                variant,
+                model: p.model.clone(),
+                batch_per_rank: b,
+                warmup: 0,
+                steps: 2,
+                out: scratch.join(format!("planner-{}.json", variant.name())),
+            };
+            let r = run_job(exe, p.ranks, &job, None)?.expect("failures are errors here");
+            let growth = r.peak_rss_bytes[0].saturating_sub(r.baseline_rss_bytes[0]);
+            let rel = (predicted as f64 - growth as f64) / growth.max(1) as f64;
+            log(&format!(
+                "planner: d_model {} x {} layers, context {}, N = {} {:<7}: predicted {}, RSS growth {} ({:+.1}%), ledger {}",
+                p.model.d_model,
+                p.model.layers,
+                p.model.seq,
+                p.ranks,
+                variant.name(),
+                human_bytes(predicted),
+                human_bytes(growth),
+                rel * 100.0,
+                human_bytes(r.ledger_peak_bytes[0])
+            ));
+            planner_rows.push(json!({
+                "d_model": p.model.d_model, "layers": p.model.layers, "seq": p.model.seq,
+                "ranks": p.ranks, "strategy": variant.name(), "predicted_total": predicted,
+                "rss_growth": growth, "ledger_total": r.ledger_peak_bytes[0], "rel_error_rss": rel,
+            }));
+        }
+    }
+    Ok(planner_rows)
+}
+
 /// The targets: (key, target, whether lower is better).
-const TARGETS: [(&str, f64, bool); 9] = [
+const TARGETS: [(&str, f64, bool); 10] = [
     ("mpi_rtp_over_ddp_rss_b_n4", 0.40, true),
     ("mpi_rtp_over_ddp_step_a_n2", 1.05, true),
     ("mpi_rtp_over_ddp_step_a_n4", 1.05, true),
@@ -451,6 +525,7 @@ const TARGETS: [(&str, f64, bool); 9] = [
     ("mpi_rtp_over_fsdp_step_b_n4", 1.00, true),
     ("mpi_capacity_rtp_over_ddp_n4", 3.5, false),
     ("mpi_overlap_fraction_b_n4", 0.8, false),
+    ("planner_max_rel_error_rss", 0.20, true),
 ];
 
 fn markdown(
@@ -523,6 +598,22 @@ fn markdown(
             c["d_model"],
             c["layers"],
             c["params"]
+        );
+    }
+    md += "\n## Memory planner against the resident set\n\nThe planner probes each model on one rank in-process (N = 1) and predicts rank 0's peak at N; each job's rank 0 reports its peak resident set (`VmHWM`) minus what it was just before the model was built.\n\n| d_model | layers | context | N | strategy | predicted peak | RSS growth | error | ledger peak |\n|---|---|---|---|---|---|---|---|---|\n";
+    for r in report["planner"].as_array().into_iter().flatten() {
+        let bytes = |k: &str| human_bytes(r[k].as_u64().unwrap_or(0));
+        md += &format!(
+            "| {} | {} | {} | {} | {} | {} | {} | {:+.1}% | {} |\n",
+            r["d_model"],
+            r["layers"],
+            r["seq"],
+            r["ranks"],
+            r["strategy"].as_str().unwrap_or("?"),
+            bytes("predicted_total"),
+            bytes("rss_growth"),
+            r["rel_error_rss"].as_f64().unwrap_or(f64::NAN) * 100.0,
+            bytes("ledger_total"),
         );
     }
     md += &format!(

@@ -32,6 +32,8 @@ pub struct ReportConfig {
     /// Shard thresholds (elements) tried on each comparison model at N=4: parameters
     /// smaller than the threshold are replicated instead of rotated.
     pub thresholds: Vec<usize>,
+    /// Where the memory planner's predictions are checked against the ledger.
+    pub planner_grid: Vec<crate::planner_check::PlanPoint>,
 }
 
 /// A model whose RTP, FSDP and DDP step times (and exchanges per step) are compared.
@@ -86,6 +88,7 @@ impl ReportConfig {
                 Comparison::config_a(vec![2, 4, 8]),
             ],
             thresholds: vec![0, 4096, 16384, 65536, 262144],
+            planner_grid: crate::planner_check::full_grid(),
         }
     }
 
@@ -115,6 +118,7 @@ impl ReportConfig {
                 },
             ],
             thresholds: vec![0, 1024],
+            planner_grid: crate::planner_check::tiny_grid(),
         }
     }
 }
@@ -450,6 +454,9 @@ pub fn run(cfg: &ReportConfig, log: &dyn Fn(&str)) -> Result<Value, Box<dyn std:
     }
     let comparisons = compare(cfg, log)?;
     let thresholds = threshold_sweep(cfg, log)?;
+    log("memory planner: predictions against the ledger");
+    let planner_rows = crate::planner_check::run(&cfg.planner_grid, log)?;
+    crate::planner_check::plot(&cfg.out.join("planner.svg"), &planner_rows)?;
     log("exchanges of one Linear backward at N=4");
     let syncs_linear_n4 = syncs_per_linear_backward(4)?;
     log("capacity search under the memory cap");
@@ -503,6 +510,7 @@ pub fn run(cfg: &ReportConfig, log: &dyn Fn(&str)) -> Result<Value, Box<dyn std:
         "capacity_rtp_over_ddp_n4": capacity_ratio,
         "overlap_fraction_n4": overlap_n4,
         "syncs_per_linear_backward_n4": syncs_linear_n4,
+        "planner_max_rel_error_ledger": crate::planner_check::max_rel_error(&planner_rows),
     });
     let mut headline = headline;
     for c in &comparisons {
@@ -539,6 +547,7 @@ pub fn run(cfg: &ReportConfig, log: &dyn Fn(&str)) -> Result<Value, Box<dyn std:
         "shard_thresholds".into(),
         serde_json::to_value(&thresholds)?,
     );
+    obj.insert("planner".into(), serde_json::to_value(&planner_rows)?);
     std::fs::write(
         cfg.out.join("report.json"),
         serde_json::to_string_pretty(&report)?,
@@ -556,7 +565,7 @@ pub fn run(cfg: &ReportConfig, log: &dyn Fn(&str)) -> Result<Value, Box<dyn std:
                 comparisons: &comparisons,
                 thresholds: &thresholds,
             },
-        ),
+        ) + &crate::planner_check::markdown(&planner_rows),
     )?;
     plots::memory(&cfg.out.join("memory.svg"), &memory, &cfg.ranks)?;
     plots::efficiency(&cfg.out.join("efficiency.svg"), &cfg.ranks, &efficiency)?;
@@ -565,7 +574,7 @@ pub fn run(cfg: &ReportConfig, log: &dyn Fn(&str)) -> Result<Value, Box<dyn std:
     Ok(report)
 }
 
-const TARGETS: [(&str, &str, f64, bool); 9] = [
+const TARGETS: [(&str, &str, f64, bool); 10] = [
     (
         "rtp_over_ddp_peak_n4",
         "RTP peak / DDP peak at N=4",
@@ -618,6 +627,12 @@ const TARGETS: [(&str, &str, f64, bool); 9] = [
         "syncs_per_linear_backward_n4",
         "exchanges per Linear backward, N=4 (N-1 = 3)",
         3.0,
+        true,
+    ),
+    (
+        "planner_max_rel_error_ledger",
+        "memory planner: largest |error| of the predicted peak, over the grid",
+        0.10,
         true,
     ),
 ];
@@ -738,7 +753,7 @@ fn markdown(cfg: &ReportConfig, headline: &Value, machine: &Value, tables: &Tabl
             c.strategy, c.d_model, c.layers, c.params
         );
     }
-    md += "\n## Notes\n\n* Memory is what the decorator's accounting holds per rank: model state (parameter shards, gradients, Adam moments), activations and temporaries, and rotation buffers or gathered FSDP units (in flight).\n* Burn's own DDP (burn-train's `DistributedDataParallel`) is not in this table: it needs Burn's `distributed` feature and a `DistributedBackend`, which NdArray does not implement (and turning the feature on breaks plain `Autodiff<NdArray>` in the same build). Our `ddp` is the same algorithm on the same transport and backend.\n* The in-process transport hands tensors between rank threads without copying, so transfer time here is waiting for the neighbour; overlap is the share of that waiting that ran concurrently with this rank's compute.\n\nPlots: `memory.svg`, `efficiency.svg`, `step_time.svg`, `capacity.svg`.\n";
+    md += "\n## Notes\n\n* Memory is what the decorator's accounting holds per rank: model state (parameter shards, gradients, Adam moments), activations and temporaries, and rotation buffers or gathered FSDP units (in flight).\n* Burn's own DDP (burn-train's `DistributedDataParallel`) is not in this table: it needs Burn's `distributed` feature and a `DistributedBackend`, which NdArray does not implement (and turning the feature on breaks plain `Autodiff<NdArray>` in the same build). Our `ddp` is the same algorithm on the same transport and backend.\n* The in-process transport hands tensors between rank threads without copying, so transfer time here is waiting for the neighbour; overlap is the share of that waiting that ran concurrently with this rank's compute.\n\nPlots: `memory.svg`, `efficiency.svg`, `step_time.svg`, `capacity.svg`, `planner.svg`.\n";
     md
 }
 
@@ -936,6 +951,7 @@ pub fn check_keys(report: &Value) -> Result<(), String> {
         "rtp_over_ddp_step_time_small_n4",
         "rtp_over_ddp_step_time_small_n8",
         "syncs_per_linear_backward_n4",
+        "planner_max_rel_error_ledger",
     ] {
         match report.get(key).and_then(Value::as_f64) {
             Some(v) if v.is_finite() => {}

@@ -5,7 +5,7 @@
 //! charge moves to the output, as the inner backend reuses the buffer in that case.
 
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// What a tensor is, for accounting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -28,6 +28,17 @@ fn slot(cat: Category) -> usize {
     }
 }
 
+/// The two phases of a training step whose peaks the ledger keeps apart, because they are
+/// made of different things: the forward and backward passes hold activations, the update
+/// holds the whole model state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// From the end of one update to the start of the next: forward and backward.
+    Compute,
+    /// Inside the optimizer's update.
+    Update,
+}
+
 /// Live and peak bytes per category of one rank.
 #[derive(Debug, Default)]
 pub struct Ledger {
@@ -35,6 +46,14 @@ pub struct Ledger {
     peak: [AtomicI64; 3],
     total_live: AtomicI64,
     total_peak: AtomicI64,
+    /// Each category's live bytes at the moment the total last reached its peak: what the
+    /// peak is made of, which the memory planner scales to other world sizes.
+    at_peak: Mutex<[i64; 3]>,
+    /// The peak of the current phase (see [`Phase`]) and its make-up.
+    window_peak: AtomicI64,
+    window_at: Mutex<[i64; 3]>,
+    /// The highest peak of each phase so far, with its make-up.
+    phases: Mutex<[MemoryStats; 2]>,
     rank: usize,
     cap: Option<u64>,
 }
@@ -72,7 +91,47 @@ impl Ledger {
         let now = self.live[i].fetch_add(bytes, Ordering::AcqRel) + bytes;
         self.peak[i].fetch_max(now, Ordering::AcqRel);
         let total = self.total_live.fetch_add(bytes, Ordering::AcqRel) + bytes;
-        self.total_peak.fetch_max(total, Ordering::AcqRel);
+        // At a new peak, remember its make-up (read after the fact, so approximate when
+        // another thread charges this rank at the same instant).
+        let snapshot = || [0, 1, 2].map(|i| self.live[i].load(Ordering::Acquire));
+        if total > self.total_peak.fetch_max(total, Ordering::AcqRel) {
+            *self.at_peak.lock().unwrap_or_else(|e| e.into_inner()) = snapshot();
+        }
+        if total > self.window_peak.fetch_max(total, Ordering::AcqRel) {
+            *self.window_at.lock().unwrap_or_else(|e| e.into_inner()) = snapshot();
+        }
+    }
+
+    /// Ends the current phase: if its peak is the highest of `phase` so far, it becomes that
+    /// phase's peak. The next phase starts at the current live level.
+    pub fn end_phase(&self, phase: Phase) {
+        let mut at = self.window_at.lock().unwrap_or_else(|e| e.into_inner());
+        let total = self.window_peak.load(Ordering::Acquire);
+        let slot = match phase {
+            Phase::Compute => 0,
+            Phase::Update => 1,
+        };
+        let mut phases = self.phases.lock().unwrap_or_else(|e| e.into_inner());
+        if total.max(0) as u64 > phases[slot].total {
+            let get = |v: i64| v.max(0) as u64;
+            phases[slot] = MemoryStats {
+                sharded: get(at[0]),
+                local: get(at[1]),
+                in_flight: get(at[2]),
+                total: get(total),
+            };
+        }
+        *at = [0, 1, 2].map(|i| self.live[i].load(Ordering::Acquire));
+        self.window_peak
+            .store(self.total_live.load(Ordering::Acquire), Ordering::Release);
+    }
+
+    /// The make-up of the highest peak of each phase since the last reset: `(compute,
+    /// update)`. [`RtpOptimizer`](crate::RtpOptimizer) marks the phases; without it both
+    /// are empty.
+    pub fn phase_peaks(&self) -> (MemoryStats, MemoryStats) {
+        let phases = self.phases.lock().unwrap_or_else(|e| e.into_inner());
+        (phases[0], phases[1])
     }
 
     /// Charges `bytes` to `cat` until the returned charge drops.
@@ -109,8 +168,27 @@ impl Ledger {
         self.read(&self.peak, &self.total_peak)
     }
 
+    /// What the highest total since the last reset was made of: each category's live bytes
+    /// at that moment (`total` is the peak itself).
+    pub fn at_peak(&self) -> MemoryStats {
+        let at = *self.at_peak.lock().unwrap_or_else(|e| e.into_inner());
+        let get = |v: i64| v.max(0) as u64;
+        MemoryStats {
+            sharded: get(at[0]),
+            local: get(at[1]),
+            in_flight: get(at[2]),
+            total: self.total_peak.load(Ordering::Acquire).max(0) as u64,
+        }
+    }
+
     /// Starts a new peak window at the current live level.
     pub fn reset_peak(&self) {
+        let live = [0, 1, 2].map(|i| self.live[i].load(Ordering::Acquire));
+        *self.at_peak.lock().unwrap_or_else(|e| e.into_inner()) = live;
+        *self.window_at.lock().unwrap_or_else(|e| e.into_inner()) = live;
+        *self.phases.lock().unwrap_or_else(|e| e.into_inner()) = Default::default();
+        self.window_peak
+            .store(self.total_live.load(Ordering::Acquire), Ordering::Release);
         for cat in CATEGORIES {
             let i = slot(cat);
             self.peak[i].store(self.live[i].load(Ordering::Acquire), Ordering::Release);
@@ -172,18 +250,84 @@ pub fn human_bytes(bytes: u64) -> String {
     }
 }
 
+/// Reads a byte count as people write it: `64MiB`, `2 GiB`, `1.5GB`, `500kB`, `4096`.
+/// Binary units (`KiB`, `MiB`, `GiB`, `TiB`) are powers of 1024, decimal ones (`kB`, `MB`,
+/// `GB`, `TB`) powers of 1000.
+pub fn parse_bytes(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (number, unit) = (t[..split].trim(), t[split..].trim());
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("`{text}` is not a byte count such as 64MiB or 2GB"))?;
+    let scale: f64 = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "kib" | "k" => 1024.0,
+        "mib" | "m" => 1024.0 * 1024.0,
+        "gib" | "g" => 1024.0 * 1024.0 * 1024.0,
+        "tib" | "t" => 1024f64.powi(4),
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        "tb" => 1e12,
+        other => {
+            return Err(format!(
+                "unknown unit `{other}` in `{text}`: use B, KiB, MiB, GiB, TiB, kB, MB, GB or TB"
+            ))
+        }
+    };
+    let bytes = value * scale;
+    if !bytes.is_finite() || bytes < 1.0 {
+        return Err(format!("`{text}` must be at least one byte"));
+    }
+    Ok(bytes.round() as u64)
+}
+
+fn status_kib(key: &str) -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with(key))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
 /// This process's peak resident set (`VmHWM` in `/proc/self/status`): the operating system's
 /// own figure, to stand beside the ledger's. `None` where the kernel does not report it.
 pub fn peak_rss_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
+    status_kib("VmHWM:").map(|kib| kib * 1024)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn byte_counts_read_as_written() {
+        assert_eq!(parse_bytes("64MiB"), Ok(64 << 20));
+        assert_eq!(parse_bytes("2 GiB"), Ok(2 << 30));
+        assert_eq!(parse_bytes("1.5GB"), Ok(1_500_000_000));
+        assert_eq!(parse_bytes("4096"), Ok(4096));
+        assert!(parse_bytes("0").is_err());
+        assert!(parse_bytes("12 parsecs").is_err());
+        assert!(parse_bytes("MiB").is_err());
+    }
+
+    #[test]
+    fn the_make_up_of_the_peak_is_remembered() {
+        let ledger = Ledger::new();
+        let a = ledger.charge(Category::Sharded, 100);
+        let b = ledger.charge(Category::Local, 40);
+        drop(b);
+        let _c = ledger.charge(Category::InFlight, 10);
+        let at = ledger.at_peak();
+        assert_eq!(
+            (at.sharded, at.local, at.in_flight, at.total),
+            (100, 40, 0, 140)
+        );
+        drop(a);
+        ledger.reset_peak();
+        assert_eq!(ledger.at_peak().in_flight, 10);
+    }
 
     #[test]
     fn charges_release_on_drop_and_peaks_stay() {

@@ -83,6 +83,19 @@ impl<B: Backend> RtpDevice<B> {
         self.ctx.ledger.peak()
     }
 
+    /// What this rank's highest total since the last reset was made of (each category's
+    /// bytes at that moment): the make-up the memory planner scales.
+    pub fn memory_at_peak(&self) -> MemoryStats {
+        self.ctx.ledger.at_peak()
+    }
+
+    /// The make-up of this rank's highest peak in each phase of a step, `(compute, update)`:
+    /// forward and backward, and the optimizer's update, as [`RtpOptimizer`](crate::RtpOptimizer)
+    /// marks them. The memory planner scales each to other world sizes.
+    pub fn memory_phase_peaks(&self) -> (MemoryStats, MemoryStats) {
+        self.ctx.ledger.phase_peaks()
+    }
+
     /// Starts a new peak window.
     pub fn reset_memory_peak(&self) {
         self.ctx.ledger.reset_peak()

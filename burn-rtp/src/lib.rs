@@ -13,6 +13,7 @@ mod linear_pairing;
 mod ops;
 mod optim;
 mod p2p;
+pub mod plan;
 pub mod rotation;
 pub mod shard_io;
 pub mod sharding;
@@ -21,7 +22,9 @@ pub mod timeline;
 pub mod transport;
 mod world;
 
-pub use accounting::{human_bytes, peak_rss_bytes, Category, Charge, Ledger, MemoryStats};
+pub use accounting::{
+    human_bytes, parse_bytes, peak_rss_bytes, Category, Charge, Ledger, MemoryStats, Phase,
+};
 pub use backend::Rtp;
 pub use config::{
     Chaos, Delivery, RotationMode, RtpConfig, Strategy, TransportKind, DEFAULT_SHARD_THRESHOLD,
@@ -31,6 +34,7 @@ pub use device::RtpDevice;
 pub use error::{RtpError, RtpResult};
 pub use launch::{check_rank, launch, try_launch, try_launch_on};
 pub use optim::{sync_gradients, GradNorm, RtpOptimizer};
+pub use plan::{PlanConfig, PlanError, Planner, Prediction};
 pub use shard_io::ShardMap;
 pub use tensor::{Layout, RtpTensor};
 pub use world::{enter_rank, register_device, RankGuard};

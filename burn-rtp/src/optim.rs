@@ -3,7 +3,7 @@
 //! The wrapper is also where the global gradient norm is clipped, since only it sees every
 //! gradient with its layout (each shard counted once, each replicated gradient once).
 
-use crate::accounting::Category;
+use crate::accounting::{Category, Phase};
 use crate::backend::Rtp;
 use crate::collectives::{
     all_gather_host, all_reduce_ring, reduce_scatter_columns, sum_in_rank_order,
@@ -280,6 +280,11 @@ where
     type Record = O::Record;
 
     fn step(&mut self, lr: LearningRate, module: M, mut grads: GradientsParams) -> M {
+        // The ledger keeps the peaks of the compute and the update phases apart.
+        let ledger = module_ctx::<M, B, I>(&module).map(|ctx| ctx.ledger.clone());
+        if let Some(l) = &ledger {
+            l.end_phase(Phase::Compute);
+        }
         sync_gradients::<M, B, I>(&module, &mut grads);
         if let Some(max) = self.clip_grad_norm {
             self.last_grad_norm = clip_grad_norm::<M, B, I>(&module, &mut grads, max);
@@ -287,7 +292,11 @@ where
                 return module;
             }
         }
-        self.inner.step(lr, module, grads)
+        let module = self.inner.step(lr, module, grads);
+        if let Some(l) = &ledger {
+            l.end_phase(Phase::Update);
+        }
+        module
     }
 
     fn step_multi(&mut self, lr: LearningRate, module: M, mut grads: MultiGradientsParams) -> M {

@@ -6,6 +6,7 @@
 pub mod checkpoint;
 pub mod data;
 pub mod model;
+pub mod plan;
 pub mod report;
 pub mod schedule;
 pub mod signals;

@@ -36,6 +36,10 @@ struct Cli {
     /// With `--transport mpi`: small models, one job per cell (a few minutes).
     #[arg(long)]
     quick: bool,
+    /// Only the memory planner's grid: predictions against the ledger (in-process) or the
+    /// resident set (`--transport mpi`), printed, without writing a report.
+    #[arg(long)]
+    planner_only: bool,
     /// Internal: run one job as this process's rank (started by mpirun).
     #[arg(long, hide = true)]
     mpi_worker: Option<String>,
@@ -65,6 +69,28 @@ fn main_mpi(cli: &Cli) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if cli.planner_only {
+        let started = std::time::Instant::now();
+        let log = |msg: &str| eprintln!("[{:>6.1} s] {msg}", started.elapsed().as_secs_f64());
+        let scratch = cfg.out.join("jobs");
+        if let Err(e) = std::fs::create_dir_all(&scratch) {
+            eprintln!("error: cannot create {}: {e}", scratch.display());
+            return ExitCode::FAILURE;
+        }
+        return match mpi_report::planner_rows(&cfg.planner_grid, &exe, &scratch, &log) {
+            Ok(rows) => {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&rows).unwrap_or_default()
+                );
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let out = cfg.out.clone();
     measure(&out, 3, mpi_report::check_keys, |log| {
         mpi_report::run(&cfg, &exe, log)
@@ -112,6 +138,25 @@ fn main() -> ExitCode {
         };
         return match mpi_report::worker(&job) {
             Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    if cli.planner_only && cli.transport == TransportKind::InProcess {
+        let grid = if cli.tiny {
+            burn_rtp_benches::planner_check::tiny_grid()
+        } else {
+            burn_rtp_benches::planner_check::full_grid()
+        };
+        let started = std::time::Instant::now();
+        let log = |msg: &str| eprintln!("[{:>6.1} s] {msg}", started.elapsed().as_secs_f64());
+        return match burn_rtp_benches::planner_check::run(&grid, &log) {
+            Ok(rows) => {
+                println!("{}", burn_rtp_benches::planner_check::markdown(&rows));
+                ExitCode::SUCCESS
+            }
             Err(e) => {
                 eprintln!("error: {e}");
                 ExitCode::FAILURE
