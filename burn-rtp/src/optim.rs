@@ -81,8 +81,10 @@ impl<O> RtpOptimizer<O> {
     }
 }
 
-struct GradientSync<'a, I: Backend> {
+/// Replaces each gradient in `grads` by `f(its parameter's layout, the gradient)`.
+struct MapGradients<'a, I: Backend, F> {
     grads: &'a mut GradientsParams,
+    f: F,
     _inner: std::marker::PhantomData<I>,
 }
 
@@ -115,22 +117,41 @@ fn sync_gradient<I: Backend>(param: &Layout, grad: RtpTensor<I>) -> RtpTensor<I>
     }
 }
 
-impl<B, I> ModuleVisitor<B> for GradientSync<'_, I>
+impl<B, I, F> ModuleVisitor<B> for MapGradients<'_, I, F>
 where
     I: Backend,
     B: AutodiffBackend<InnerBackend = Rtp<I>>,
+    F: FnMut(&Layout, RtpTensor<I>) -> RtpTensor<I>,
 {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
         let Some(grad) = self.grads.remove::<Rtp<I>, D>(param.id) else {
             return;
         };
         let layout = primitive(param.val().inner()).layout.clone();
-        let synced = sync_gradient(&layout, primitive(grad));
+        let mapped = (self.f)(&layout, primitive(grad));
         self.grads.register::<Rtp<I>, D>(
             param.id,
-            Tensor::from_primitive(TensorPrimitive::Float(synced)),
+            Tensor::from_primitive(TensorPrimitive::Float(mapped)),
         );
     }
+}
+
+/// Replaces each gradient in `grads` by `f(its parameter's layout, the gradient)`, in the
+/// module's parameter order (the same on every rank, so collectives inside `f` match).
+fn map_gradients<M, B, I>(
+    module: &M,
+    grads: &mut GradientsParams,
+    f: impl FnMut(&Layout, RtpTensor<I>) -> RtpTensor<I>,
+) where
+    I: Backend,
+    B: AutodiffBackend<InnerBackend = Rtp<I>>,
+    M: AutodiffModule<B>,
+{
+    module.visit(&mut MapGradients {
+        grads,
+        f,
+        _inner: std::marker::PhantomData,
+    });
 }
 
 /// Averages the per-rank gradients in `grads` over ranks, in the module's parameter order.
@@ -140,11 +161,7 @@ where
     B: AutodiffBackend<InnerBackend = Rtp<I>>,
     M: AutodiffModule<B>,
 {
-    let mut visitor = GradientSync::<I> {
-        grads,
-        _inner: std::marker::PhantomData,
-    };
-    module.visit(&mut visitor);
+    map_gradients::<M, B, I>(module, grads, sync_gradient);
 }
 
 /// Adds up this rank's share of `Σ g²`: sharded gradients on every rank, replicated ones on
@@ -180,33 +197,6 @@ where
     }
 }
 
-/// Multiplies every gradient by `scale`, keeping its layout.
-struct ScaleGradients<'a, I: Backend> {
-    grads: &'a mut GradientsParams,
-    scale: f32,
-    _inner: std::marker::PhantomData<I>,
-}
-
-impl<B, I> ModuleVisitor<B> for ScaleGradients<'_, I>
-where
-    I: Backend,
-    B: AutodiffBackend<InnerBackend = Rtp<I>>,
-{
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        let Some(grad) = self.grads.remove::<Rtp<I>, D>(param.id) else {
-            return;
-        };
-        let g = primitive(grad);
-        let scaled = I::float_mul_scalar(g.inner.clone(), Scalar::Float(f64::from(self.scale)));
-        let scaled = RtpTensor::new(g.ctx.clone(), scaled, g.layout.clone());
-        drop(g);
-        self.grads.register::<Rtp<I>, D>(
-            param.id,
-            Tensor::from_primitive(TensorPrimitive::Float(scaled)),
-        );
-    }
-}
-
 /// Clips the synchronised gradients in `grads` to the global norm `max` (see
 /// [`RtpOptimizer::with_clip_grad_norm`]) and returns the norm found.
 fn clip_grad_norm<M, B, I>(module: &M, grads: &mut GradientsParams, max: f32) -> Option<GradNorm>
@@ -232,12 +222,11 @@ where
     let norm = total.sqrt();
     let scale = (max / (norm + 1e-6)).min(1.0);
     if norm.is_finite() && scale < 1.0 {
-        let mut scaler = ScaleGradients::<I> {
-            grads,
-            scale,
-            _inner: std::marker::PhantomData,
-        };
-        module.visit(&mut scaler);
+        map_gradients::<M, B, I>(module, grads, |_, g| {
+            let factor = Scalar::Float(f64::from(scale));
+            let scaled = I::float_mul_scalar(g.inner.clone(), factor);
+            RtpTensor::new(g.ctx.clone(), scaled, g.layout.clone())
+        });
     }
     Some(GradNorm {
         norm,

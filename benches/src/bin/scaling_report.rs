@@ -178,5 +178,5 @@ fn main() -> ExitCode {
     if let Some(r) = cli.repeats {
         cfg.repeats = r.max(1);
     }
-    measure(&cfg.out, 4, check_keys, |log| run(&cfg, log))
+    measure(&cfg.out, 5, check_keys, |log| run(&cfg, log))
 }

@@ -542,14 +542,16 @@ fn encode(header: Header, data: &TensorData) -> Vec<u8> {
     bytes
 }
 
-/// Decodes a message into its header and tensor data.
-fn decode(bytes: &[u8]) -> Result<(Header, TensorData), String> {
+/// Decodes a message into its header and tensor data, reusing the message's buffer for the
+/// data (a received shard is not copied a second time).
+fn decode(mut bytes: Vec<u8>) -> Result<(Header, TensorData), String> {
     let short = || format!("a message of {} bytes is too short", bytes.len());
     let len = u32::from_le_bytes(bytes.get(..4).ok_or_else(short)?.try_into().unwrap()) as usize;
     let envelope = bytes.get(4..4 + len).ok_or_else(short)?;
     let envelope: Envelope =
         serde_json::from_slice(envelope).map_err(|e| format!("unreadable header: {e}"))?;
-    let payload = bytes[4 + len..].to_vec();
+    bytes.drain(..4 + len);
+    let payload = bytes;
     let expected = envelope.header.shape.iter().product::<usize>() * envelope.dtype.size();
     if payload.len() != expected {
         return Err(format!(
@@ -572,6 +574,9 @@ struct MpiSend {
     to: usize,
     op: String,
     reply: Receiver<Result<(), Fault>>,
+    /// The sender's charges for the payload: MPI holds a copy of its bytes until the send
+    /// completes, so the ledger keeps counting them until then.
+    _hold: Vec<Arc<crate::accounting::Charge>>,
 }
 
 impl SendHandle for MpiSend {
@@ -593,7 +598,7 @@ impl<T: Send + 'static> RecvHandle<T> for MpiRecv {
         let bytes = self
             .transport
             .await_reply(self.reply, self.from, &self.expect.op)?;
-        let (header, data) = decode(&bytes).map_err(|reason| {
+        let (header, data) = decode(bytes).map_err(|reason| {
             transport_error(
                 rank,
                 &self.expect.op,
@@ -627,8 +632,9 @@ impl<T: Send + 'static> Transport<T> for MpiEndpoint {
         to: usize,
         header: Header,
         payload: Payload<T>,
-        // The payload is copied into the bytes MPI sends; the tensor's buffer is free now.
-        _hold: Vec<Arc<crate::accounting::Charge>>,
+        // The payload is copied into the bytes MPI sends, which live until the send
+        // completes: the sender's charges stay with the handle until then.
+        hold: Vec<Arc<crate::accounting::Charge>>,
     ) -> RtpResult<Box<dyn SendHandle>> {
         let op = header.op.to_string();
         crate::launch::check_rank(to, self.0.size)?;
@@ -665,6 +671,7 @@ impl<T: Send + 'static> Transport<T> for MpiEndpoint {
             to,
             op,
             reply,
+            _hold: hold,
         }))
     }
 
