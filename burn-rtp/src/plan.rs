@@ -18,9 +18,11 @@
 //!   size, which over-states them for sharded strategies.
 //! * **In-flight buffers**, from the shapes: RTP holds a received bundle (a weight shard and
 //!   its bias shard) and the next one being received, and in the backward pass the
-//!   travelling gradient of each, so 4 bundles of the largest layer; FSDP holds a layer's
-//!   gathered weight and bias while the next part arrives, `(2 - 1/N)` full bundles; DDP
-//!   all-reduces one gradient at a time in chunks of `1/N`, two chunks in flight.
+//!   travelling gradient of each, so 4 bundles of the largest layer (3 at N = 2, where the
+//!   first is the rank's own); FSDP holds a layer's
+//!   gathered weight and bias while it computes, and in the backward pass while the next
+//!   parts arrive, `(2 - 1/N)` full bundles; DDP all-reduces one gradient at a time in chunks
+//!   of `1/N`, two chunks in flight, into a full-size sum.
 //! * **The peak of the sum**, phase by phase. The probe records what the highest peak of
 //!   the forward and backward passes, and of the optimizer's update, were made of at N = 1
 //!   ([`RtpOptimizer`](crate::RtpOptimizer) marks the phases): model state in parameter
@@ -409,21 +411,24 @@ impl Planner {
             Strategy::Rtp => {
                 let bundle = bundles(&shard);
                 // Forward: the bundle computed on and the next one arriving. Backward: those
-                // two, the travelling gradient and the next one, and from N = 3 on the
-                // bundle last sent, until its receiver takes it; at N = 2 the first bundle
-                // on hand is the rank's own (model state).
+                // two, the travelling gradient and the next one; at N = 2 the first bundle on
+                // hand is the rank's own (model state). A bundle sent but not yet taken by a
+                // slower neighbour adds one more at times, which is why a small model's
+                // ledger peak varies between identical runs.
                 Buffers {
                     forward: 2 * bundle,
-                    backward: if world == 2 { 3 } else { 5 } * bundle,
+                    backward: if world == 2 { 3 } else { 4 } * bundle,
                     update: 0,
                 }
             }
             Strategy::Fsdp => {
-                // A layer's gathered weight and bias while the parts of the next arrive.
-                let b = (bundles(&full) as f64 * (2.0 - 1.0 / world as f64)).round() as u64;
+                // Forward: a layer's gathered weight and bias while it computes. Backward:
+                // those, while the parts of the next gather (or the chunks of the gradient's
+                // reduce-scatter) arrive.
+                let full = bundles(&full);
                 Buffers {
-                    forward: b,
-                    backward: b,
+                    forward: full,
+                    backward: (full as f64 * (2.0 - 1.0 / world as f64)).round() as u64,
                     update: 0,
                 }
             }

@@ -481,7 +481,6 @@ pub fn train<I: Backend>(
         let mut checkpoint = None;
         let mut saved_at = None;
         let mut trained_s = 0.0;
-        let mut last = end;
         let mut stopped_at = None;
         let mut failure = None;
         for step in start..end {
@@ -558,7 +557,6 @@ pub fn train<I: Backend>(
             // Ranks see a signal at different moments; they agree to stop after one step.
             if let Some(stop) = &cfg.stop {
                 if done != end && device.any_rank(stop.load(Ordering::SeqCst)) {
-                    last = done;
                     stopped_at = Some(done);
                     break;
                 }
@@ -580,6 +578,7 @@ pub fn train<I: Backend>(
             });
         }
         let final_val = evaluate(&model.valid(), &corpus, cfg, &device);
+        let last = stopped_at.unwrap_or(end);
         if let Some(root) = &cfg.checkpoint_dir {
             if saved_at != Some(last) {
                 checkpoint = Some(checkpoint::save(
