@@ -38,7 +38,7 @@
 use crate::accounting::{human_bytes, MemoryStats};
 use crate::config::{RotationMode, RtpConfig, Strategy, DEFAULT_SHARD_THRESHOLD};
 use crate::device::RtpDevice;
-use crate::sharding::{is_sharded_param, shard_range};
+use crate::sharding::{is_sharded_param, ShardSpec};
 use crate::RtpResult;
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::backend::Backend;
@@ -370,10 +370,10 @@ impl Planner {
         self.param_bytes(strategy, world) * (2 + self.config.optimizer_copies as u64)
     }
 
-    /// Rank 0's peak in-flight bytes: the larger of [`Self::buffers`]'s two moments.
+    /// Rank 0's peak in-flight bytes: the largest of [`Self::buffers`]'s three moments.
     pub fn in_flight(&self, strategy: Strategy, world: usize) -> u64 {
         let b = self.buffers(strategy, world);
-        b.forward.max(b.backward)
+        b.forward.max(b.backward).max(b.update)
     }
 
     /// Rank 0's in-flight bytes at the two moments that can make the peak (see the module
@@ -385,10 +385,7 @@ impl Planner {
         let t = self.config.shard_threshold;
         let sharded = |s: &Shape| strategy != Strategy::Ddp && is_sharded_param(s, world, t);
         let full = |s: &Shape| (s.num_elements() * self.elem) as u64;
-        let shard = |s: &Shape| {
-            let last = s[s.num_dims() - 1];
-            (s.num_elements() / last * shard_range(last, world, 0).len * self.elem) as u64
-        };
+        let shard = |s: &Shape| rank0_shard_bytes(s, world, self.elem);
         // A layer's bundle: a weight of two or more dimensions and the bias after it.
         let bundles = |size: &dyn Fn(&Shape) -> u64| -> u64 {
             let mut best = 0;
@@ -486,7 +483,7 @@ impl Planner {
             batch,
             model_state: self.model_state(strategy, world),
             activations,
-            in_flight: buffers.forward.max(buffers.backward).max(buffers.update),
+            in_flight: self.in_flight(strategy, world),
             total: forward.max(backward).max(update),
         }
     }
@@ -547,11 +544,19 @@ fn param_bytes(
         .map(|s| {
             let n = s.num_elements();
             if strategy != Strategy::Ddp && is_sharded_param(s, world, threshold) {
-                let last = s[s.num_dims() - 1];
-                (n / last * shard_range(last, world, 0).len * elem) as u64
+                rank0_shard_bytes(s, world, elem)
             } else {
                 (n * elem) as u64
             }
         })
         .sum()
+}
+
+/// Bytes of rank 0's shard (the largest) of a parameter of `shape` split over `world` ranks.
+fn rank0_shard_bytes(shape: &Shape, world: usize, elem: usize) -> u64 {
+    let spec = ShardSpec {
+        full: shape.clone(),
+        world,
+    };
+    (spec.shard_shape(0).num_elements() * elem) as u64
 }
