@@ -258,9 +258,8 @@ impl Driver {
     fn failure(&mut self) -> RtpError {
         match self.world.take().map(|h| h.join()) {
             Some(Ok(Err(e))) => e,
-            _ => RtpError::RankFailed {
-                rank: usize::MAX,
-                reason: "the benchmark world stopped".into(),
+            _ => RtpError::WorldEnded {
+                reason: "the benchmark's next command".into(),
             },
         }
     }

@@ -4,8 +4,32 @@
 //! last handle to it drops. When an op consumes a uniquely held input of the same size, the
 //! charge moves to the output, as the inner backend reuses the buffer in that case.
 
+use burn::tensor::backend::Backend;
+use burn::tensor::TensorMetadata;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
+
+/// The inner backend's float tensor: what the ledger counts.
+pub(crate) type Float<B> = <B as burn::tensor::backend::BackendTypes>::FloatTensorPrimitive;
+
+/// Bytes of tensors of the given shapes with `elem`-byte elements: the one byte count that
+/// charges, messages and the planner share.
+pub(crate) fn bytes_of_shapes(shapes: &[Vec<usize>], elem: usize) -> usize {
+    shapes
+        .iter()
+        .map(|s| s.iter().product::<usize>() * elem)
+        .sum()
+}
+
+/// Bytes of one tensor's elements.
+pub(crate) fn bytes_of<T: TensorMetadata>(t: &T) -> usize {
+    bytes_of_shapes(&[t.shape().to_vec()], t.dtype().size())
+}
+
+/// Charges inner tensors that an op holds only briefly (partial results) as local memory.
+pub(crate) fn transient<B: Backend>(ledger: &Arc<Ledger>, tensors: &[Float<B>]) -> Arc<Charge> {
+    ledger.charge(Category::Local, tensors.iter().map(bytes_of).sum())
+}
 
 /// What a tensor is, for accounting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -295,6 +319,65 @@ fn status_kib(key: &str) -> Option<u64> {
 /// own figure, to stand beside the ledger's. `None` where the kernel does not report it.
 pub fn peak_rss_bytes() -> Option<u64> {
     status_kib("VmHWM:").map(|kib| kib * 1024)
+}
+
+/// An inner tensor outside any wrapper (taken out for an op, gathered, or assembled), still
+/// charged to its rank: the ledger must see every buffer an op keeps alive, not only those
+/// wrapped in an [`RtpTensor`]. The charge ends when the `Held` drops.
+pub(crate) struct Held<B: Backend> {
+    tensor: Float<B>,
+    charge: Arc<Charge>,
+}
+
+impl<B: Backend> std::ops::Deref for Held<B> {
+    type Target = Float<B>;
+
+    fn deref(&self) -> &Float<B> {
+        &self.tensor
+    }
+}
+
+impl<B: Backend> Held<B> {
+    /// Charges a freshly computed inner tensor to `cat` on `ledger`.
+    pub(crate) fn new(ledger: &Arc<Ledger>, tensor: Float<B>, cat: Category) -> Self {
+        let charge = ledger.charge(cat, bytes_of(&tensor));
+        Self { tensor, charge }
+    }
+
+    /// A handle to the tensor for an op that reads it; the charge stays with `self`.
+    pub(crate) fn get(&self) -> Float<B> {
+        self.tensor.clone()
+    }
+
+    /// Gives the tensor to `f`, which consumes it, and releases the charge only once `f`
+    /// returned (and charged its result), so the input and the output are never both unseen.
+    pub(crate) fn consume<R>(self, f: impl FnOnce(Float<B>) -> R) -> R {
+        let Held { tensor, charge } = self;
+        let out = f(tensor);
+        drop(charge);
+        out
+    }
+
+    /// Ends the charge and returns the tensor, for a result that leaves the decorator (host
+    /// data read out of it): from here on it is not the rank's device memory to count.
+    pub(crate) fn release(self) -> Float<B> {
+        self.tensor
+    }
+
+    /// A tensor with the charge it already carries (taken out of a wrapper).
+    pub(crate) fn from_parts(tensor: Float<B>, charge: Arc<Charge>) -> Self {
+        Self { tensor, charge }
+    }
+
+    /// What the tensor is charged as.
+    pub(crate) fn category(&self) -> Category {
+        self.charge.category()
+    }
+
+    /// Splits into the tensor and its charge, for a wrapper that takes the charge over.
+    pub(crate) fn into_parts(self) -> (Float<B>, Arc<Charge>) {
+        (self.tensor, self.charge)
+    }
 }
 
 #[cfg(test)]

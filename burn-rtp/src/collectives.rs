@@ -3,11 +3,14 @@
 //! the barrier. Every rank sums in rank order, so all ranks get bit-identical results, which
 //! keeps replicated values replicated.
 
+use crate::accounting::Held;
 use crate::accounting::{Category, Charge};
-use crate::p2p::{exchange, fence, read_host, Leg};
+pub(crate) use crate::p2p::read_host;
+use crate::p2p::{exchange, fence, Leg};
 use crate::rotation::{reduce_scatter, rotate_columns};
+use crate::sharding::Layout;
 use crate::sharding::ShardSpec;
-use crate::tensor::{Held, Layout, RtpTensor};
+use crate::tensor::RtpTensor;
 use crate::transport::Header;
 use crate::world::RankCtx;
 use burn::tensor::backend::Backend;
@@ -68,10 +71,10 @@ fn exchange_with_all<B: Backend>(
 pub(crate) fn all_gather<B: Backend>(t: &RtpTensor<B>, op: &'static str, cat: Category) -> Held<B> {
     let ctx = &t.ctx;
     let Layout::Sharded(spec) = &t.layout else {
-        return Held::new(ctx, t.inner.clone(), cat);
+        return Held::new(&ctx.ledger, t.inner.clone(), cat);
     };
     if ctx.world_size == 1 {
-        return Held::new(ctx, t.inner.clone(), cat);
+        return Held::new(&ctx.ledger, t.inner.clone(), cat);
     }
     let seq = ctx.next_seq();
     let header = |part: usize| Header {
@@ -83,7 +86,7 @@ pub(crate) fn all_gather<B: Backend>(t: &RtpTensor<B>, op: &'static str, cat: Ca
     let (parts, _received) = exchange_with_all(ctx, header, t.inner.clone());
     let last = spec.full.num_dims() - 1;
     let full = Held::new(
-        ctx,
+        &ctx.ledger,
         burn_rtp_kernels::assemble_columns::<B>(parts, last),
         cat,
     );
@@ -296,7 +299,7 @@ pub(crate) fn reduce_scatter_columns<B: Backend>(
     full: B::FloatTensorPrimitive,
 ) -> B::FloatTensorPrimitive {
     // The full per-rank tensor exists until the reduce-scatter has taken it apart.
-    let _full = crate::rotation::transient::<B>(ctx, std::slice::from_ref(&full));
+    let _full = crate::accounting::transient::<B>(&ctx.ledger, std::slice::from_ref(&full));
     let prefix: Vec<usize> = spec.full[..spec.full.num_dims() - 1].to_vec();
     reduce_scatter(
         ctx,

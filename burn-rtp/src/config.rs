@@ -1,5 +1,6 @@
 //! Configuration of an RTP world.
 
+use crate::error::{RtpError, RtpResult};
 use std::time::Duration;
 
 /// How weight shards travel around the ring.
@@ -136,7 +137,7 @@ impl std::fmt::Display for TransportKind {
 impl TransportKind {
     /// What the environment asks for: MPI when `mpirun` started this process, else in-process.
     pub fn from_environment() -> Self {
-        if crate::transport::mpi_launch().is_some() {
+        if mpi_launch().is_some() {
             Self::Mpi
         } else {
             Self::InProcess
@@ -278,4 +279,34 @@ impl RtpConfig {
         self.gather_fallback = enabled;
         self
     }
+}
+
+/// Validates a rank index against a world size.
+pub fn check_rank(rank: usize, world_size: usize) -> RtpResult<()> {
+    if world_size == 0 {
+        Err(RtpError::EmptyWorld)
+    } else if rank >= world_size {
+        Err(RtpError::RankOutOfRange { rank, world_size })
+    } else {
+        Ok(())
+    }
+}
+
+/// This process's place in a job that `mpirun` (or another PMI launcher) started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MpiLaunch {
+    /// This process's rank.
+    pub rank: usize,
+    /// Processes in the job.
+    pub size: usize,
+}
+
+/// Reads the launcher's environment: Open MPI's `OMPI_COMM_WORLD_SIZE` / `OMPI_COMM_WORLD_RANK`,
+/// or the `PMI_SIZE` / `PMI_RANK` of MPICH-style launchers. `None` outside such a job.
+pub fn mpi_launch() -> Option<MpiLaunch> {
+    let read = |name: &str| std::env::var(name).ok()?.trim().parse::<usize>().ok();
+    let pair = |size: &str, rank: &str| Some((read(size)?, read(rank)?));
+    let (size, rank) = pair("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK")
+        .or_else(|| pair("PMI_SIZE", "PMI_RANK"))?;
+    Some(MpiLaunch { rank, size })
 }

@@ -1,11 +1,19 @@
 //! The device of one rank: its place in the world and the inner backend's device.
 
 use crate::accounting::MemoryStats;
+use crate::config::RtpConfig;
+use crate::error::{RtpError, RtpResult};
 use crate::shard_io::{ShardIo, ShardMap};
-use crate::world::{device_from_index, solo_device, RankCtx};
+use crate::transport::{HubOptions, InProcessHub, Transport};
+use crate::world::{find_rank_ctx, new_rank_ctx, RankCtx};
 use burn::tensor::backend::{Backend, DeviceId, DeviceOps};
+use std::any::Any;
+use std::cell::RefCell;
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+static NEXT_WORLD_ID: AtomicU64 = AtomicU64::new(1);
 
 /// A rank of an RTP world, usable wherever Burn wants a device.
 pub struct RtpDevice<B: Backend> {
@@ -238,4 +246,109 @@ impl<B: Backend> RtpDevice<B> {
     pub fn config(&self) -> &crate::RtpConfig {
         &self.ctx.config
     }
+}
+
+/// Creates a rank's device around any transport (used by multi-process launchers too).
+pub fn register_device<B: Backend>(
+    rank: usize,
+    world_id: u64,
+    inner: B::Device,
+    transport: Arc<dyn Transport<B::FloatTensorPrimitive>>,
+    config: RtpConfig,
+) -> RtpResult<RtpDevice<B>> {
+    new_rank_ctx(rank, world_id, inner, transport, config).map(|ctx| RtpDevice { ctx })
+}
+
+/// Finds a device by the id Burn gave it.
+fn device_from_index<B: Backend>(index: u16) -> Option<RtpDevice<B>> {
+    find_rank_ctx(index).map(|ctx| RtpDevice { ctx })
+}
+
+/// The devices of an in-process world and the hub that connects them.
+pub(crate) type InProcessWorld<B> = (
+    Vec<RtpDevice<B>>,
+    Arc<InProcessHub<<B as burn::tensor::backend::BackendTypes>::FloatTensorPrimitive>>,
+);
+
+/// Builds the rank contexts of an in-process world.
+pub(crate) fn in_process_world<B: Backend>(
+    config: &RtpConfig,
+    inner: impl Fn(usize) -> B::Device,
+) -> RtpResult<InProcessWorld<B>> {
+    if config.world_size == 0 {
+        return Err(RtpError::EmptyWorld);
+    }
+    let hub = InProcessHub::with_options(
+        config.world_size,
+        config.peer_timeout,
+        HubOptions {
+            delivery: config.delivery,
+            chaos: config.chaos,
+        },
+    );
+    let world_id = NEXT_WORLD_ID.fetch_add(1, Ordering::Relaxed);
+    let devices = (0..config.world_size)
+        .map(|rank| {
+            register_device(
+                rank,
+                world_id,
+                inner(rank),
+                Arc::new(hub.endpoint(rank)),
+                config.clone(),
+            )
+        })
+        .collect::<RtpResult<Vec<_>>>()?;
+    Ok((devices, hub))
+}
+
+/// A world of one rank on the inner backend's default device, for use outside `launch`.
+pub(crate) fn solo_device<B: Backend>() -> RtpDevice<B> {
+    static SOLO: OnceLock<Mutex<Vec<Box<dyn Any + Send + Sync>>>> = OnceLock::new();
+    let solos = SOLO.get_or_init(|| Mutex::new(Vec::new()));
+    let mut solos = solos.lock().unwrap();
+    for s in solos.iter() {
+        if let Some(dev) = s.downcast_ref::<RtpDevice<B>>() {
+            return dev.clone();
+        }
+    }
+    let (mut devices, _hub) = in_process_world::<B>(&RtpConfig::new(1), |_| Default::default())
+        .expect("a world of one rank is valid");
+    let dev = devices.remove(0);
+    solos.push(Box::new(dev.clone()));
+    dev
+}
+
+thread_local! {
+    static CURRENT: RefCell<Option<Box<dyn Any>>> = const { RefCell::new(None) };
+}
+
+/// Makes `device` this thread's rank until the guard drops.
+///
+/// Int and bool tensors carry no rank of their own; ops that need one read it from here.
+pub fn enter_rank<B: Backend>(device: &RtpDevice<B>) -> RankGuard {
+    let previous = CURRENT.with(|c| c.borrow_mut().replace(Box::new(device.clone())));
+    RankGuard { previous }
+}
+
+/// Restores the previous rank of the thread when dropped.
+pub struct RankGuard {
+    previous: Option<Box<dyn Any>>,
+}
+
+impl Drop for RankGuard {
+    fn drop(&mut self) {
+        let previous = self.previous.take();
+        CURRENT.with(|c| *c.borrow_mut() = previous);
+    }
+}
+
+/// This thread's rank device, or a one-rank world outside `launch`.
+pub(crate) fn current_device<B: Backend>() -> RtpDevice<B> {
+    CURRENT
+        .with(|c| {
+            c.borrow()
+                .as_ref()
+                .and_then(|d| d.downcast_ref::<RtpDevice<B>>().cloned())
+        })
+        .unwrap_or_else(solo_device::<B>)
 }

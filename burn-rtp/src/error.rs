@@ -3,7 +3,10 @@
 use thiserror::Error;
 
 /// Everything that can go wrong in an RTP world, with the rank that saw it.
+///
+/// New variants may come in minor releases, so matches need a wildcard arm.
 #[derive(Debug, Error, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum RtpError {
     /// A world must have at least one rank.
     #[error("invalid world size 0: an RTP world needs at least one rank")]
@@ -174,6 +177,34 @@ pub enum RtpError {
         bad_rank: usize,
         /// That rank's value as text (`NaN`, `inf` or `-inf`).
         value: String,
+    },
+    /// A checkpoint's map of shard shapes cannot be written or does not fit this world.
+    #[error("rank {rank}: shard map in `{op}`: {reason}")]
+    ShardMap {
+        /// The rank that saw it.
+        rank: usize,
+        /// `save_shards` or `load_shards`.
+        op: String,
+        /// What is ambiguous or does not fit.
+        reason: String,
+    },
+    /// One op was given tensors of two different ranks (tensors never cross ranks).
+    #[error("rank {rank}: op `{op}` got a tensor of rank {other} (world {other_world}) beside this rank's own; tensors never cross ranks")]
+    MixedRanks {
+        /// The rank of the first operand.
+        rank: usize,
+        /// The op.
+        op: String,
+        /// The rank of the other operand.
+        other: usize,
+        /// The world id of the other operand (it may be another world's rank of the same index).
+        other_world: u64,
+    },
+    /// A world ended (its threads stopped) before answering a caller outside it.
+    #[error("the RTP world ended before answering: {reason}")]
+    WorldEnded {
+        /// What the caller was waiting for.
+        reason: String,
     },
     /// The transport failed.
     #[error("rank {rank}: transport failure in `{op}`: {reason}")]

@@ -2,14 +2,15 @@
 
 use crate::config::{RtpConfig, TransportKind};
 use crate::device::RtpDevice;
+use crate::device::{enter_rank, in_process_world};
 use crate::error::{RtpError, RtpResult};
 use crate::transport::Transport;
-use crate::world::{enter_rank, in_process_world};
 use burn::tensor::backend::Backend;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Once;
 
-fn panic_reason(payload: Box<dyn std::any::Any + Send>) -> RtpError {
+/// The error a panic of `rank`'s program stands for: a typed error as raised, or its message.
+fn panic_reason(rank: usize, payload: Box<dyn std::any::Any + Send>) -> RtpError {
     if let Some(err) = payload.downcast_ref::<RtpError>() {
         return err.clone();
     }
@@ -18,10 +19,7 @@ fn panic_reason(payload: Box<dyn std::any::Any + Send>) -> RtpError {
         .cloned()
         .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
         .unwrap_or_else(|| "panicked with a non-string payload".to_string());
-    RtpError::RankFailed {
-        rank: usize::MAX,
-        reason,
-    }
+    RtpError::RankFailed { rank, reason }
 }
 
 /// Prints typed RTP errors raised inside backend ops readably, then defers to the old hook.
@@ -111,10 +109,7 @@ where
             rank,
             reason: e.to_string(),
         }),
-        Err(payload) => Err(match panic_reason(payload) {
-            RtpError::RankFailed { reason, .. } => RtpError::RankFailed { rank, reason },
-            typed => typed,
-        }),
+        Err(payload) => Err(panic_reason(rank, payload)),
     }
 }
 
@@ -169,12 +164,12 @@ where
 }
 
 /// This process's rank of an MPI job, checked against the configuration.
-fn mpi_rank(config: &RtpConfig) -> RtpResult<crate::transport::MpiLaunch> {
+fn mpi_rank(config: &RtpConfig) -> RtpResult<crate::config::MpiLaunch> {
     let unavailable = |reason: &str| RtpError::TransportUnavailable {
         transport: "mpi".into(),
         reason: reason.into(),
     };
-    let launch = crate::transport::mpi_launch().ok_or_else(|| {
+    let launch = crate::config::mpi_launch().ok_or_else(|| {
         unavailable("this process was not started by mpirun (no OMPI_COMM_WORLD_SIZE or PMI_SIZE in its environment)")
     })?;
     if !cfg!(feature = "mpi") {
@@ -222,7 +217,7 @@ where
             ),
         });
     }
-    let device = match crate::world::register_device::<B>(
+    let device = match crate::device::register_device::<B>(
         rank,
         0,
         inner_device(rank),
@@ -254,15 +249,4 @@ where
     F: Fn(RtpDevice<B>) -> Result<R, E> + Send + Sync,
 {
     mpi_rank(&config).map(|_| unreachable!("mpi_rank fails without the `mpi` feature"))
-}
-
-/// Validates a rank index against a world size.
-pub fn check_rank(rank: usize, world_size: usize) -> RtpResult<()> {
-    if world_size == 0 {
-        Err(RtpError::EmptyWorld)
-    } else if rank >= world_size {
-        Err(RtpError::RankOutOfRange { rank, world_size })
-    } else {
-        Ok(())
-    }
 }

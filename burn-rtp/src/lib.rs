@@ -14,6 +14,7 @@ mod ops;
 mod optim;
 mod p2p;
 pub mod plan;
+mod ring;
 pub mod rotation;
 pub mod shard_io;
 pub mod sharding;
@@ -27,14 +28,16 @@ pub use accounting::{
 };
 pub use backend::Rtp;
 pub use config::{
-    Chaos, Delivery, RotationMode, RtpConfig, Strategy, TransportKind, DEFAULT_SHARD_THRESHOLD,
+    check_rank, Chaos, Delivery, RotationMode, RtpConfig, Strategy, TransportKind,
+    DEFAULT_SHARD_THRESHOLD,
 };
 pub use consolidate::{consolidate, gather_module};
 pub use device::RtpDevice;
+pub use device::{enter_rank, register_device, RankGuard};
 pub use error::{RtpError, RtpResult};
-pub use launch::{check_rank, launch, try_launch, try_launch_on};
+pub use launch::{launch, try_launch, try_launch_on};
 pub use optim::{sync_gradients, GradNorm, RtpOptimizer};
 pub use plan::{PlanConfig, PlanError, Planner, Prediction};
 pub use shard_io::ShardMap;
-pub use tensor::{Layout, RtpTensor};
-pub use world::{enter_rank, register_device, RankGuard};
+pub use sharding::Layout;
+pub use tensor::RtpTensor;

@@ -22,7 +22,8 @@
 //!   gradient. Layouts come from the record (the weight that was used), never from a shape.
 
 use crate::accounting::Charge;
-use crate::tensor::{Float, Held, Layout, RtpTensor};
+use crate::accounting::{Float, Held};
+use crate::sharding::Layout;
 use burn::tensor::backend::Backend;
 use std::sync::Weak;
 
@@ -31,6 +32,22 @@ const MAX_RECORDS: usize = 4096;
 
 /// Identity of a tensor: the charge all its clones share.
 pub(crate) type Identity = Weak<Charge>;
+
+/// A gradient kept for a later call: the charged inner tensor and its layout. (The pairing
+/// lives in the rank's context, so it holds tensors without their handle to that context.)
+pub(crate) type Placed<B> = (Held<B>, Layout);
+
+/// What the pairing reads of a Linear's operands; the float tensor primitive implements it.
+pub(crate) trait Operand<B: Backend> {
+    /// Identity shared by the tensor and its clones.
+    fn identity(&self) -> Identity;
+    /// Logical shape.
+    fn dims(&self) -> Vec<usize>;
+    /// Where its elements live.
+    fn layout(&self) -> &Layout;
+    /// A charged handle to the tensor, for a record that keeps it.
+    fn keep(&self) -> Held<B>;
+}
 
 fn same(a: &Identity, b: &Identity) -> bool {
     Weak::ptr_eq(a, b)
@@ -56,20 +73,15 @@ pub(crate) struct Forward<B: Backend> {
 
 impl<B: Backend> Forward<B> {
     /// The record of `linear(x, weight, bias)`; `keep_x` holds `x` for the dX pass.
-    pub fn new(
-        x: &RtpTensor<B>,
-        weight: &RtpTensor<B>,
-        bias: Option<&RtpTensor<B>>,
-        keep_x: bool,
-    ) -> Self {
+    pub fn new<T: Operand<B>>(x: &T, weight: &T, bias: Option<&T>, keep_x: bool) -> Self {
         Self {
             weight: weight.identity(),
             x_id: x.identity(),
-            x: keep_x.then(|| x.clone().held()),
+            x: keep_x.then(|| x.keep()),
             x_dims: x.dims(),
             weight_dims: weight.dims(),
-            weight_layout: weight.layout.clone(),
-            bias_layout: bias.map(|b| b.layout.clone()),
+            weight_layout: weight.layout().clone(),
+            bias_layout: bias.map(|b| b.layout().clone()),
             guessed: false,
         }
     }
@@ -90,9 +102,9 @@ pub(crate) struct Deferred<B: Backend> {
     /// The weight whose forward record the pass used, if it came from a guess.
     weight: Option<Identity>,
     /// dW, for `linear_weight_backward(x, dy)`.
-    pub dw: Option<RtpTensor<B>>,
+    pub dw: Option<Placed<B>>,
     /// db, for `linear_bias_backward(dy)`.
-    pub db: Option<RtpTensor<B>>,
+    pub db: Option<Placed<B>>,
     /// Layout of the bias of the forward `dy` belongs to.
     pub bias_layout: Option<Layout>,
 }
@@ -149,8 +161,8 @@ impl<B: Backend> Pairing<B> {
     /// so that the weight's own backward call still finds it if the guess was wrong.
     pub fn guess_x(
         &mut self,
-        weight: &RtpTensor<B>,
-        dy: &RtpTensor<B>,
+        weight: &impl Operand<B>,
+        dy: &impl Operand<B>,
     ) -> Option<(Identity, Float<B>, Option<Layout>)> {
         let id = weight.identity();
         let dims = dy.dims();
@@ -173,13 +185,13 @@ impl<B: Backend> Pairing<B> {
     }
 
     /// Stores gradients that the pass of `weight`'s backward computed ahead from its guess.
-    pub fn defer_guessed(&mut self, mut deferred: Deferred<B>, weight: &RtpTensor<B>) {
+    pub fn defer_guessed(&mut self, mut deferred: Deferred<B>, weight: &impl Operand<B>) {
         deferred.weight = Some(weight.identity());
         self.deferred = Some(deferred);
     }
 
     /// For `linear_weight_backward(x, dy)`: dW computed ahead from these very tensors.
-    pub fn claim_weight(&mut self, x: &RtpTensor<B>, dy: &RtpTensor<B>) -> Option<RtpTensor<B>> {
+    pub fn claim_weight(&mut self, x: &impl Operand<B>, dy: &impl Operand<B>) -> Option<Placed<B>> {
         let d = self.deferred.as_mut()?;
         if !(same(&d.x, &x.identity()) && same(&d.dy, &dy.identity())) {
             return None;
@@ -202,7 +214,11 @@ impl<B: Backend> Pairing<B> {
 
     /// For `linear_weight_backward(x, dy)` without a deferred dW: removes and returns the
     /// record of the forward `x` went through with a weight of shape `[x_last, dy_last]`.
-    pub fn take_forward(&mut self, x: &RtpTensor<B>, dy: &RtpTensor<B>) -> Option<Forward<B>> {
+    pub fn take_forward(
+        &mut self,
+        x: &impl Operand<B>,
+        dy: &impl Operand<B>,
+    ) -> Option<Forward<B>> {
         let id = x.identity();
         let (xd, dd) = (x.dims(), dy.dims());
         let shape = [xd[xd.len() - 1], dd[dd.len() - 1]];
@@ -215,7 +231,7 @@ impl<B: Backend> Pairing<B> {
     /// For `linear_bias_backward(dy)`: db computed ahead from this `dy`, or, if none was, the
     /// layout of the bias of the forward `dy` belongs to (when known). Either way the
     /// deferred gradients are done with.
-    pub fn claim_bias(&mut self, dy: &RtpTensor<B>) -> (Option<RtpTensor<B>>, Option<Layout>) {
+    pub fn claim_bias(&mut self, dy: &impl Operand<B>) -> (Option<Placed<B>>, Option<Layout>) {
         match self.deferred.take() {
             Some(d) if same(&d.dy, &dy.identity()) => (d.db, d.bias_layout),
             other => {

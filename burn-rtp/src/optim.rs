@@ -3,13 +3,15 @@
 //! The wrapper is also where the global gradient norm is clipped, since only it sees every
 //! gradient with its layout (each shard counted once, each replicated gradient once).
 
+use crate::accounting::Held;
 use crate::accounting::{Category, Phase};
 use crate::backend::Rtp;
+use crate::collectives::read_host;
 use crate::collectives::{
     all_gather_host, all_reduce_ring, reduce_scatter_columns, sum_in_rank_order,
 };
-use crate::p2p::read_host;
-use crate::tensor::{Held, Layout, RtpTensor};
+use crate::sharding::Layout;
+use crate::tensor::RtpTensor;
 use burn::module::{AutodiffModule, ModuleVisitor, Param};
 use burn::optim::{GradientsParams, LearningRate, MultiGradientsParams, Optimizer};
 use burn::tensor::backend::{AutodiffBackend, Backend};
@@ -187,8 +189,8 @@ where
             return;
         }
         // g² is as large as the gradient: charge it while it lives.
-        let squares = Held::new(
-            &grad.ctx,
+        let squares = Held::<I>::new(
+            &grad.ctx.ledger,
             I::float_mul(grad.inner.clone(), grad.inner.clone()),
             Category::Local,
         );

@@ -12,8 +12,8 @@
 //!
 //! Rotation and collectives are built on this module; it knows nothing of either.
 
-use crate::accounting::{Category, Charge};
-use crate::tensor::Float;
+use crate::accounting::Float;
+use crate::accounting::{bytes_of_shapes, Category, Charge};
 use crate::timeline::IntervalKind;
 use crate::transport::{BufferKind, Header, Payload, RecvHandle, SendHandle};
 use crate::world::RankCtx;
@@ -77,14 +77,6 @@ fn adopt<B: Backend>(ctx: &RankCtx<B>, received: Vec<Float<B>>) -> Vec<Float<B>>
     own
 }
 
-/// Bytes of tensors of the given shapes.
-pub(crate) fn bytes_of(shapes: &[Vec<usize>], elem: usize) -> usize {
-    shapes
-        .iter()
-        .map(|s| s.iter().product::<usize>() * elem)
-        .sum()
-}
-
 /// A posted receive with the header it expects.
 type PostedRecv<B> = (Header, Box<dyn RecvHandle<Float<B>>>);
 
@@ -122,8 +114,10 @@ pub(crate) fn post<B: Backend>(
     let charges = shapes
         .iter()
         .map(|s| {
-            ctx.ledger
-                .charge(Category::InFlight, bytes_of(std::slice::from_ref(s), elem))
+            ctx.ledger.charge(
+                Category::InFlight,
+                bytes_of_shapes(std::slice::from_ref(s), elem),
+            )
         })
         .collect();
     Posted {

@@ -38,7 +38,7 @@
 use crate::accounting::{human_bytes, MemoryStats};
 use crate::config::{RotationMode, RtpConfig, Strategy, DEFAULT_SHARD_THRESHOLD};
 use crate::device::RtpDevice;
-use crate::sharding::{is_sharded_param, ShardSpec};
+use crate::sharding::{placement, ShardSpec};
 use crate::RtpResult;
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::backend::Backend;
@@ -383,7 +383,7 @@ impl Planner {
             return Buffers::default();
         }
         let t = self.config.shard_threshold;
-        let sharded = |s: &Shape| strategy != Strategy::Ddp && is_sharded_param(s, world, t);
+        let sharded = |s: &Shape| placement(strategy, s, world, t).is_some();
         let full = |s: &Shape| (s.num_elements() * self.elem) as u64;
         let shard = |s: &Shape| rank0_shard_bytes(s, world, self.elem);
         // A layer's bundle: a weight of two or more dimensions and the bias after it.
@@ -543,7 +543,7 @@ fn param_bytes(
         .iter()
         .map(|s| {
             let n = s.num_elements();
-            if strategy != Strategy::Ddp && is_sharded_param(s, world, threshold) {
+            if placement(strategy, s, world, threshold).is_some() {
                 rank0_shard_bytes(s, world, elem)
             } else {
                 (n * elem) as u64

@@ -19,55 +19,17 @@
 //! in the same order, and each message carries a [`Header`] the receiver checks, so diverged
 //! programs fail loudly instead of mixing data.
 
-use crate::accounting::{Category, Charge};
+use crate::accounting::{transient, Category, Charge};
+use crate::accounting::{Float, Held};
 use crate::config::RotationMode;
 use crate::p2p::{exchange, fence, swap, Leg, Received};
-use crate::tensor::{Float, Held};
+use crate::ring::Ring;
 use crate::timeline::IntervalKind;
 use crate::transport::Header;
 use crate::world::RankCtx;
 use burn::tensor::backend::Backend;
 use burn::tensor::TensorMetadata;
 use std::sync::Arc;
-
-/// The ring's index arithmetic, in one place: who this rank talks to and which shard it holds.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Ring {
-    /// This rank.
-    pub rank: usize,
-    /// Ranks in the ring.
-    pub n: usize,
-}
-
-impl Ring {
-    /// The ring of `ctx`'s world.
-    pub(crate) fn of<B: Backend>(ctx: &RankCtx<B>) -> Self {
-        Self {
-            rank: ctx.rank,
-            n: ctx.world_size,
-        }
-    }
-
-    /// Where every message goes.
-    pub(crate) fn next(self) -> usize {
-        (self.rank + 1) % self.n
-    }
-
-    /// Where every message comes from.
-    pub(crate) fn prev(self) -> usize {
-        (self.rank + self.n - 1) % self.n
-    }
-
-    /// The shard a rotation holds at step `t`: `r - t`.
-    pub(crate) fn held(self, t: usize) -> usize {
-        (self.rank + self.n - t % self.n) % self.n
-    }
-
-    /// The travelling gradient buffer a reduce-scatter adds to at step `t`: `r - 1 - t`.
-    pub(crate) fn travelling(self, t: usize) -> usize {
-        (self.rank + 2 * self.n - 1 - t % self.n) % self.n
-    }
-}
 
 /// Headers of the tensors of shard `j`'s bundle: one part number per tensor.
 fn headers(seq: u64, op: &'static str, j: usize, shapes: Vec<Vec<usize>>) -> Vec<Header> {
@@ -82,15 +44,6 @@ fn headers(seq: u64, op: &'static str, j: usize, shapes: Vec<Vec<usize>>) -> Vec
             shape,
         })
         .collect()
-}
-
-/// Charges inner tensors that an op holds only briefly (partial results) as local memory.
-pub(crate) fn transient<B: Backend>(ctx: &RankCtx<B>, tensors: &[Float<B>]) -> Arc<Charge> {
-    let bytes = tensors
-        .iter()
-        .map(|t| t.shape().num_elements() * t.dtype().size())
-        .sum();
-    ctx.ledger.charge(Category::Local, bytes)
 }
 
 /// Runs one step's compute, recorded on the timeline.
@@ -161,7 +114,7 @@ pub(crate) fn ring_pass<B: Backend>(
         mut compute,
         travel_shapes,
     } = pass;
-    let ring = Ring::of(ctx);
+    let ring = Ring::new(ctx.rank, ctx.world_size);
     let rotates = !own.is_empty();
     let travels = !travel_shapes(ring.rank).is_empty();
     let (rot_seq, travel_seq) = (ctx.next_seq(), ctx.next_seq());
@@ -197,7 +150,7 @@ pub(crate) fn ring_pass<B: Backend>(
             None => contribute(ring.travelling(t), &mut elem),
         };
         // The contribution is a temporary until it joins the travelling buffer.
-        let _contribution = transient::<B>(ctx, &mine);
+        let _contribution = transient::<B>(&ctx.ledger, &mine);
         let summed: Vec<Float<B>> = if t == 0 {
             mine
         } else {
@@ -332,7 +285,7 @@ pub(crate) fn rotate_columns<B: Backend>(
     let mut held: Vec<Arc<Charge>> = Vec::with_capacity(n);
     rotate(ctx, op, own, shapes_of, |j, shard| {
         let part = block(j, shard);
-        held.push(transient::<B>(ctx, std::slice::from_ref(&part)));
+        held.push(transient::<B>(&ctx.ledger, std::slice::from_ref(&part)));
         parts[j] = Some(part);
     });
     let parts: Vec<Float<B>> = parts
@@ -341,7 +294,7 @@ pub(crate) fn rotate_columns<B: Backend>(
         .collect();
     let dim = dim(&parts[0]);
     let joined = Held::new(
-        ctx,
+        &ctx.ledger,
         burn_rtp_kernels::assemble_columns::<B>(parts, dim),
         Category::Local,
     );

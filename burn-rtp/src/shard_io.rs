@@ -87,7 +87,7 @@ impl ShardIo {
         if conflicts.is_empty() {
             Ok(map)
         } else {
-            Err(RtpError::Transport {
+            Err(RtpError::ShardMap {
                 rank,
                 op: "save_shards".into(),
                 reason: format!(

@@ -1,6 +1,8 @@
 //! Where each element of a parameter lives: the split of the last dimension across ranks,
 //! the placement policy, host-side slicing for loading, and flyweight random init.
 
+use crate::accounting::Category;
+use crate::config::Strategy;
 use burn::tensor::{DType, Distribution, Shape, TensorData};
 
 /// Elements `[start, start + len)` of a dimension of size `full`.
@@ -60,12 +62,29 @@ impl ShardSpec {
 }
 
 /// Whether a parameter of `shape` is sharded over `world` ranks under `threshold`.
-///
-/// Every op that produces a parameter's gradient decides placement through this one
-/// function, so a gradient always has the layout of its parameter.
 pub fn is_sharded_param(shape: &Shape, world: usize, threshold: usize) -> bool {
     let dims = shape.as_slice();
     !dims.is_empty() && shape.num_elements() >= threshold.max(1) && dims[dims.len() - 1] >= world
+}
+
+/// The placement policy: where a parameter (or its gradient, or its optimizer state) of
+/// logical `shape` lives under `strategy`: its split over `world` ranks, or `None` when it is
+/// replicated. DDP replicates everything; FSDP and RTP shard the last dimension of every
+/// parameter of at least `threshold` elements that has a column for every rank.
+///
+/// Parameter creation, every op that produces a parameter's gradient, and the memory planner
+/// ask this one function, so a gradient always has the layout of its parameter and the plan
+/// counts what training holds.
+pub fn placement(
+    strategy: Strategy,
+    shape: &Shape,
+    world: usize,
+    threshold: usize,
+) -> Option<ShardSpec> {
+    (strategy != Strategy::Ddp && is_sharded_param(shape, world, threshold)).then(|| ShardSpec {
+        full: shape.clone(),
+        world,
+    })
 }
 
 /// Keeps only the columns `range` of the last dimension of `data`, on the host.
@@ -193,5 +212,34 @@ mod tests {
         }
         let mean = whole.iter().sum::<f32>() / whole.len() as f32;
         assert!(mean.abs() < 0.5, "normal draw mean {mean}");
+    }
+}
+
+/// Where the elements of a float tensor live.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Layout {
+    /// This rank's own values (activations, data, temporaries).
+    Local,
+    /// A small parameter (or its state) held whole and identical on every rank.
+    Replicated,
+    /// One column range of a tensor whose full value is the same on every rank.
+    Sharded(ShardSpec),
+}
+
+impl Layout {
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            Layout::Local => "local",
+            Layout::Replicated => "replicated",
+            Layout::Sharded(_) => "sharded",
+        }
+    }
+
+    /// What a tensor of this layout is charged as.
+    pub(crate) fn category(&self) -> Category {
+        match self {
+            Layout::Local => Category::Local,
+            Layout::Replicated | Layout::Sharded(_) => Category::Sharded,
+        }
     }
 }

@@ -1,42 +1,12 @@
 //! The float tensor primitive: a local tensor, a replicated parameter, or this rank's shard.
 
-use crate::accounting::{Category, Charge};
-use crate::sharding::ShardSpec;
+use crate::accounting::{bytes_of, Category, Charge, Held};
+use crate::linear_pairing::{Identity, Operand, Placed};
+use crate::sharding::Layout;
 use crate::world::RankCtx;
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Shape, TensorMetadata};
 use std::sync::Arc;
-
-/// The inner backend's float tensor.
-pub(crate) type Float<B> = <B as burn::tensor::backend::BackendTypes>::FloatTensorPrimitive;
-
-/// Where the elements of a float tensor live.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Layout {
-    /// This rank's own values (activations, data, temporaries).
-    Local,
-    /// A small parameter (or its state) held whole and identical on every rank.
-    Replicated,
-    /// One column range of a tensor whose full value is the same on every rank.
-    Sharded(ShardSpec),
-}
-
-impl Layout {
-    pub(crate) fn name(&self) -> &'static str {
-        match self {
-            Layout::Local => "local",
-            Layout::Replicated => "replicated",
-            Layout::Sharded(_) => "sharded",
-        }
-    }
-
-    fn category(&self) -> Category {
-        match self {
-            Layout::Local => Category::Local,
-            Layout::Replicated | Layout::Sharded(_) => Category::Sharded,
-        }
-    }
-}
 
 /// Float tensor of [`Rtp`](crate::Rtp): the inner tensor, its layout and its rank.
 ///
@@ -83,10 +53,6 @@ impl<B: Backend> TensorMetadata for RtpTensor<B> {
             _ => self.inner.shape(),
         }
     }
-}
-
-fn bytes_of<T: TensorMetadata>(t: &T) -> usize {
-    t.shape().num_elements() * t.dtype().size()
 }
 
 impl<B: Backend> RtpTensor<B> {
@@ -156,64 +122,56 @@ impl<B: Backend> RtpTensor<B> {
 
     /// Takes the inner tensor out of its wrapper for an op, keeping it charged.
     pub(crate) fn held(self) -> Held<B> {
-        Held {
-            tensor: self.inner,
-            charge: self.charge,
+        Held::from_parts(self.inner, self.charge)
+    }
+}
+
+impl<B: Backend> RtpTensor<B> {
+    /// Splits into the charged inner tensor and its layout, to be kept without the rank.
+    pub(crate) fn into_placed(self) -> Placed<B> {
+        (Held::from_parts(self.inner, self.charge), self.layout)
+    }
+
+    /// Rewraps what [`RtpTensor::into_placed`] split, with its charge as it was.
+    pub(crate) fn from_placed(ctx: Arc<RankCtx<B>>, (held, layout): Placed<B>) -> Self {
+        let (inner, charge) = held.into_parts();
+        Self {
+            inner,
+            layout,
+            ctx,
+            charge,
         }
     }
 }
 
-/// An inner tensor outside any wrapper (taken out for an op, gathered, or assembled), still
-/// charged to its rank: the ledger must see every buffer an op keeps alive, not only those
-/// wrapped in an [`RtpTensor`]. The charge ends when the `Held` drops.
-pub(crate) struct Held<B: Backend> {
-    tensor: Float<B>,
-    charge: Arc<Charge>,
-}
+impl<B: Backend> Operand<B> for RtpTensor<B> {
+    fn identity(&self) -> Identity {
+        RtpTensor::identity(self)
+    }
 
-impl<B: Backend> std::ops::Deref for Held<B> {
-    type Target = Float<B>;
+    fn dims(&self) -> Vec<usize> {
+        RtpTensor::dims(self)
+    }
 
-    fn deref(&self) -> &Float<B> {
-        &self.tensor
+    fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    fn keep(&self) -> Held<B> {
+        self.clone().held()
     }
 }
 
 impl<B: Backend> Held<B> {
-    /// Charges a freshly computed inner tensor to `cat` on `ctx`'s ledger.
-    pub(crate) fn new(ctx: &RankCtx<B>, tensor: Float<B>, cat: Category) -> Self {
-        let charge = ctx.ledger.charge(cat, bytes_of(&tensor));
-        Self { tensor, charge }
-    }
-
-    /// A handle to the tensor for an op that reads it; the charge stays with `self`.
-    pub(crate) fn get(&self) -> Float<B> {
-        self.tensor.clone()
-    }
-
-    /// Gives the tensor to `f`, which consumes it, and releases the charge only once `f`
-    /// returned (and charged its result), so the input and the output are never both unseen.
-    pub(crate) fn consume<R>(self, f: impl FnOnce(Float<B>) -> R) -> R {
-        let Held { tensor, charge } = self;
-        let out = f(tensor);
-        drop(charge);
-        out
-    }
-
-    /// Ends the charge and returns the tensor, for a result that leaves the decorator (host
-    /// data read out of it): from here on it is not the rank's device memory to count.
-    pub(crate) fn release(self) -> Float<B> {
-        self.tensor
-    }
-
     /// Wraps the tensor as a local tensor of `ctx`, keeping a local charge as it is.
     pub(crate) fn into_local(self, ctx: Arc<RankCtx<B>>) -> RtpTensor<B> {
-        if self.charge.category() == Category::Local {
+        if self.category() == Category::Local {
+            let (inner, charge) = self.into_parts();
             return RtpTensor {
-                inner: self.tensor,
+                inner,
                 layout: Layout::Local,
                 ctx,
-                charge: self.charge,
+                charge,
             };
         }
         self.consume(|t| RtpTensor::new(ctx, t, Layout::Local))

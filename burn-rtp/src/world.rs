@@ -2,17 +2,13 @@
 
 use crate::accounting::Ledger;
 use crate::config::RtpConfig;
-use crate::device::RtpDevice;
 use crate::error::{raise, RtpError, RtpResult};
-use crate::transport::{HubOptions, InProcessHub, Transport};
+use crate::transport::Transport;
 use burn::tensor::backend::Backend;
 use std::any::Any;
-use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
-
-static NEXT_WORLD_ID: AtomicU64 = AtomicU64::new(1);
 
 /// The state every op of one rank reads: rank, transport, counters, accounting.
 pub struct RankCtx<B: Backend> {
@@ -61,16 +57,12 @@ impl<B: Backend> RankCtx<B> {
         &self,
         shape: &burn::tensor::Shape,
     ) -> Option<crate::sharding::ShardSpec> {
-        let sharded = self.config.strategy != crate::config::Strategy::Ddp
-            && crate::sharding::is_sharded_param(
-                shape,
-                self.world_size,
-                self.config.shard_threshold,
-            );
-        sharded.then(|| crate::sharding::ShardSpec {
-            full: shape.clone(),
-            world: self.world_size,
-        })
+        crate::sharding::placement(
+            self.config.strategy,
+            shape,
+            self.world_size,
+            self.config.shard_threshold,
+        )
     }
 
     /// Whether received shards are copied into this rank's own buffers (see
@@ -195,52 +187,15 @@ impl<B: Backend> Drop for RankCtx<B> {
     }
 }
 
-/// The devices of an in-process world and the hub that connects them.
-pub(crate) type InProcessWorld<B> = (
-    Vec<RtpDevice<B>>,
-    Arc<InProcessHub<<B as burn::tensor::backend::BackendTypes>::FloatTensorPrimitive>>,
-);
-
-/// Builds the rank contexts of an in-process world.
-pub(crate) fn in_process_world<B: Backend>(
-    config: &RtpConfig,
-    inner: impl Fn(usize) -> B::Device,
-) -> RtpResult<InProcessWorld<B>> {
-    if config.world_size == 0 {
-        return Err(RtpError::EmptyWorld);
-    }
-    let hub = InProcessHub::with_options(
-        config.world_size,
-        config.peer_timeout,
-        HubOptions {
-            delivery: config.delivery,
-            chaos: config.chaos,
-        },
-    );
-    let world_id = NEXT_WORLD_ID.fetch_add(1, Ordering::Relaxed);
-    let devices = (0..config.world_size)
-        .map(|rank| {
-            register_device(
-                rank,
-                world_id,
-                inner(rank),
-                Arc::new(hub.endpoint(rank)),
-                config.clone(),
-            )
-        })
-        .collect::<RtpResult<Vec<_>>>()?;
-    Ok((devices, hub))
-}
-
-/// Creates a rank context around any transport (used by multi-process launchers too).
-pub fn register_device<B: Backend>(
+/// Creates the context of `rank`, with a device id no other live rank has.
+pub(crate) fn new_rank_ctx<B: Backend>(
     rank: usize,
     world_id: u64,
     inner: B::Device,
     transport: Arc<dyn Transport<B::FloatTensorPrimitive>>,
     config: RtpConfig,
-) -> RtpResult<RtpDevice<B>> {
-    crate::launch::check_rank(rank, config.world_size)?;
+) -> RtpResult<Arc<RankCtx<B>>> {
+    crate::config::check_rank(rank, config.world_size)?;
     let ledger = Ledger::for_rank(rank, config.memory_cap);
     let copy_on_receive = config
         .copy_on_receive
@@ -268,68 +223,16 @@ pub fn register_device<B: Backend>(
         index_id,
     });
     registry().lock().unwrap().slots[index_id as usize] = Some(Box::new(Arc::downgrade(&ctx)));
-    Ok(RtpDevice { ctx })
+    Ok(ctx)
 }
 
-/// Finds a device by the id Burn gave it.
-pub(crate) fn device_from_index<B: Backend>(index: u16) -> Option<RtpDevice<B>> {
+/// Finds the live rank with the device id Burn knows it by.
+pub(crate) fn find_rank_ctx<B: Backend>(index: u16) -> Option<Arc<RankCtx<B>>> {
     let reg = registry().lock().unwrap();
     let weak = reg
         .slots
         .get(index as usize)?
         .as_ref()?
         .downcast_ref::<Weak<RankCtx<B>>>()?;
-    weak.upgrade().map(|ctx| RtpDevice { ctx })
-}
-
-/// A world of one rank on the inner backend's default device, for use outside `launch`.
-pub(crate) fn solo_device<B: Backend>() -> RtpDevice<B> {
-    static SOLO: OnceLock<Mutex<Vec<Box<dyn Any + Send + Sync>>>> = OnceLock::new();
-    let solos = SOLO.get_or_init(|| Mutex::new(Vec::new()));
-    let mut solos = solos.lock().unwrap();
-    for s in solos.iter() {
-        if let Some(dev) = s.downcast_ref::<RtpDevice<B>>() {
-            return dev.clone();
-        }
-    }
-    let (mut devices, _hub) = in_process_world::<B>(&RtpConfig::new(1), |_| Default::default())
-        .expect("a world of one rank is valid");
-    let dev = devices.remove(0);
-    solos.push(Box::new(dev.clone()));
-    dev
-}
-
-thread_local! {
-    static CURRENT: RefCell<Option<Box<dyn Any>>> = const { RefCell::new(None) };
-}
-
-/// Makes `device` this thread's rank until the guard drops.
-///
-/// Int and bool tensors carry no rank of their own; ops that need one read it from here.
-pub fn enter_rank<B: Backend>(device: &RtpDevice<B>) -> RankGuard {
-    let previous = CURRENT.with(|c| c.borrow_mut().replace(Box::new(device.clone())));
-    RankGuard { previous }
-}
-
-/// Restores the previous rank of the thread when dropped.
-pub struct RankGuard {
-    previous: Option<Box<dyn Any>>,
-}
-
-impl Drop for RankGuard {
-    fn drop(&mut self) {
-        let previous = self.previous.take();
-        CURRENT.with(|c| *c.borrow_mut() = previous);
-    }
-}
-
-/// This thread's rank device, or a one-rank world outside `launch`.
-pub(crate) fn current_device<B: Backend>() -> RtpDevice<B> {
-    CURRENT
-        .with(|c| {
-            c.borrow()
-                .as_ref()
-                .and_then(|d| d.downcast_ref::<RtpDevice<B>>().cloned())
-        })
-        .unwrap_or_else(solo_device::<B>)
+    weak.upgrade()
 }

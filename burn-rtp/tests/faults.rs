@@ -175,3 +175,37 @@ fn forgetting_the_optimizer_wrapper_is_reported() {
     assert!(matches!(err, RtpError::AmbiguousMix { .. }), "{err}");
     assert!(err.to_string().contains("RtpOptimizer"), "{err}");
 }
+
+#[test]
+fn tensors_of_two_ranks_in_one_op_are_a_typed_error() {
+    type Inner = Rtp<burn::backend::NdArray>;
+    let slot = std::sync::Mutex::new(None);
+    let handed_over = std::sync::Barrier::new(2);
+    let err = launch(
+        RtpConfig::new(2),
+        |device: burn_rtp::RtpDevice<burn::backend::NdArray>| {
+            if device.rank() == 1 {
+                *slot.lock().unwrap() = Some(Tensor::<Inner, 1>::ones([3], &device));
+            }
+            handed_over.wait();
+            if device.rank() == 0 {
+                // Burn's tensor API checks devices itself; backend code (a custom op, another
+                // decorator) calls the primitive ops, where the decorator must catch it.
+                use burn::tensor::ops::FloatTensorOps;
+                let theirs = slot.lock().unwrap().take().unwrap();
+                let ours = Tensor::<Inner, 1>::ones([3], &device);
+                let _ = Inner::float_add(
+                    ours.into_primitive().tensor(),
+                    theirs.into_primitive().tensor(),
+                );
+            }
+        },
+    )
+    .unwrap_err();
+    match &err {
+        RtpError::MixedRanks {
+            rank: 0, other: 1, ..
+        } => assert!(err.to_string().contains("never cross ranks"), "{err}"),
+        other => panic!("expected MixedRanks, got {other}"),
+    }
+}

@@ -2,7 +2,7 @@
 
 use super::{binary, full_op, unary};
 use crate::backend::Rtp;
-use crate::tensor::Layout;
+use crate::sharding::Layout;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::{ActivationOps, FloatTensor};
 use burn::tensor::Scalar;

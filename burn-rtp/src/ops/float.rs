@@ -4,8 +4,9 @@ use crate::collectives::all_reduce_sum;
 use crate::device::RtpDevice;
 use crate::error::{raise, RtpError};
 use crate::shard_io::ShardIo;
+use crate::sharding::Layout;
 use crate::sharding::{flyweight_random, shard_range, slice_last_dim, ShardSpec};
-use crate::tensor::{Layout, RtpTensor};
+use crate::tensor::RtpTensor;
 use burn::tensor::backend::{Backend, ExecutionError};
 use burn::tensor::ops::{BoolTensor, FloatTensor, FloatTensorOps, IntTensor};
 use burn::tensor::{
@@ -63,16 +64,15 @@ fn load_saved_shard<B: Backend>(device: &RtpDevice<B>, data: &TensorData) -> Opt
             world: ctx.world_size,
         };
         if spec.shard_shape(ctx.rank).to_vec() != shape {
-            raise(RtpError::Desync {
+            raise(RtpError::ShardMap {
                 rank: ctx.rank,
-                peer: ctx.rank,
                 op: "load_shards".into(),
-                seq: 0,
-                expected: format!(
-                    "shard {:?} of {full:?}",
+                reason: format!(
+                    "the checkpoint has a shard of shape {shape:?} of {full:?}, but this rank's \
+                     shard of {full:?} in a world of {} is {:?}",
+                    ctx.world_size,
                     spec.shard_shape(ctx.rank).to_vec()
                 ),
-                got: format!("saved shard {shape:?}"),
             });
         }
         Layout::Sharded(spec)

@@ -1,9 +1,10 @@
 //! Int ops: int tensors pass through to the inner backend; only devices are translated.
 
 use crate::backend::Rtp;
+use crate::device::current_device;
 use crate::device::RtpDevice;
-use crate::tensor::{Layout, RtpTensor};
-use crate::world::current_device;
+use crate::sharding::Layout;
+use crate::tensor::RtpTensor;
 use burn::tensor::backend::{Backend, ExecutionError};
 use burn::tensor::ops::*;
 use burn::tensor::{

@@ -7,11 +7,14 @@ use super::module::{
     reduce_scatter_full,
 };
 use super::{full_inner, unary, Float};
+use crate::accounting::transient;
 use crate::accounting::Charge;
+use crate::accounting::Held;
 use crate::linear_pairing::{Deferred, Forward};
-use crate::rotation::{ring_pass, rotate_columns, transient, Pass};
+use crate::rotation::{ring_pass, rotate_columns, Pass};
+use crate::sharding::Layout;
 use crate::sharding::ShardSpec;
-use crate::tensor::{Held, Layout, RtpTensor};
+use crate::tensor::RtpTensor;
 use crate::world::RankCtx;
 use burn::tensor::backend::Backend;
 use burn::tensor::TensorMetadata;
@@ -63,7 +66,8 @@ fn backward_pass<B: Backend>(
         compute: |j: usize, shard: &[Float<B>]| {
             if let Some(w_j) = shard.first() {
                 let sum = kernels::accumulate_x_grad::<B>(acc.take(), w_j.clone(), dy_j(j));
-                acc_charge.get_or_insert_with(|| transient::<B>(ctx, std::slice::from_ref(&sum)));
+                acc_charge
+                    .get_or_insert_with(|| transient::<B>(&ctx.ledger, std::slice::from_ref(&sum)));
                 acc = Some(sum);
             }
         },
@@ -193,8 +197,8 @@ pub(super) fn x_backward<B: Backend>(weight: RtpTensor<B>, dy: RtpTensor<B>) -> 
     };
     let g = backward_pass(&ctx, &spec, w, Some(x), &dy, travelling_bias(&bias_layout));
     let mut deferred = Deferred::new(x_id, dy_id, bias_layout);
-    deferred.dw = g.dw;
-    deferred.db = g.db;
+    deferred.dw = g.dw.map(RtpTensor::into_placed);
+    deferred.db = g.db.map(RtpTensor::into_placed);
     ctx.pairing.lock().unwrap().defer_guessed(deferred, &weight);
     local(&ctx, g.dx.expect("the weight rotated"))
 }
@@ -206,7 +210,8 @@ pub(super) fn weight_backward<B: Backend>(x: RtpTensor<B>, dy: RtpTensor<B>) -> 
     let op = "linear_weight_backward";
     let mut pairing = ctx.pairing.lock().unwrap();
     if let Some(dw) = pairing.claim_weight(&x, &dy) {
-        return dw;
+        drop(pairing);
+        return RtpTensor::from_placed(ctx, dw);
     }
     let forward = pairing.take_forward(&x, &dy);
     drop(pairing);
@@ -229,7 +234,7 @@ pub(super) fn weight_backward<B: Backend>(x: RtpTensor<B>, dy: RtpTensor<B>) -> 
     } else {
         let bias = travelling_bias(&deferred.bias_layout);
         let g = backward_pass(&ctx, &spec, None, Some(x.get()), &dy, bias);
-        deferred.db = g.db;
+        deferred.db = g.db.map(RtpTensor::into_placed);
         g.dw.expect("x travelled")
     };
     // The bias call that follows learns its layout (and finds db) here.
@@ -242,7 +247,7 @@ pub(super) fn bias_backward<B: Backend>(dy: RtpTensor<B>) -> RtpTensor<B> {
     let ctx = dy.ctx.clone();
     let (db, layout) = ctx.pairing.lock().unwrap().claim_bias(&dy);
     if let Some(db) = db {
-        return db;
+        return RtpTensor::from_placed(ctx, db);
     }
     let dy = full_inner(dy, "linear_bias_backward");
     let Some(Layout::Sharded(spec)) = layout else {

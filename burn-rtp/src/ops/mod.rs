@@ -15,16 +15,18 @@ mod qtensor;
 mod transaction;
 
 use crate::accounting::Category;
+use crate::accounting::Held;
 use crate::collectives::all_gather;
 use crate::error::{raise, RtpError};
+use crate::sharding::Layout;
 use crate::sharding::ShardRange;
-use crate::tensor::{Held, Layout, RtpTensor};
+use crate::tensor::RtpTensor;
 use crate::world::RankCtx;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Shape, TensorMetadata};
 use std::sync::Arc;
 
-pub(crate) use crate::tensor::Float;
+pub(crate) use crate::accounting::Float;
 
 /// The full inner tensor of `t`, still charged: gathered (a counted fallback, charged as
 /// local memory) if it is sharded, else taken out of its wrapper with the wrapper's charge.
@@ -111,10 +113,12 @@ fn ambiguous<B: Backend>(ctx: &RankCtx<B>, op: &str, layout: &Layout, shape: &Sh
 
 fn check_same_rank<B: Backend>(op: &str, a: &Arc<RankCtx<B>>, b: &Arc<RankCtx<B>>) {
     if !Arc::ptr_eq(a, b) {
-        panic!(
-            "rank {}: op `{op}` got tensors of two ranks ({:?} and {:?}); tensors never cross ranks",
-            a.rank, a, b
-        );
+        raise(RtpError::MixedRanks {
+            rank: a.rank,
+            op: op.to_string(),
+            other: b.rank,
+            other_world: b.world_id,
+        });
     }
 }
 

@@ -4,12 +4,14 @@
 
 use super::{full_inner, Float};
 use crate::accounting::Category;
+use crate::accounting::Held;
 use crate::backend::Rtp;
 use crate::collectives::{all_gather, reduce_scatter_columns};
 use crate::config::Strategy;
 use crate::rotation::{reduce_scatter, rotate_columns};
+use crate::sharding::Layout;
 use crate::sharding::ShardSpec;
-use crate::tensor::{Held, Layout, RtpTensor};
+use crate::tensor::RtpTensor;
 use crate::world::RankCtx;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::*;

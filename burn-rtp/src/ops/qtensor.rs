@@ -1,9 +1,10 @@
 //! Quantized ops: quantized tensors are always local and pass through.
 
 use crate::backend::Rtp;
+use crate::device::current_device;
 use crate::device::RtpDevice;
-use crate::tensor::{Layout, RtpTensor};
-use crate::world::current_device;
+use crate::sharding::Layout;
+use crate::tensor::RtpTensor;
 use burn::tensor::backend::{Backend, ExecutionError};
 use burn::tensor::ops::*;
 use burn::tensor::{FloatDType, Shape, Slice, TensorData};

@@ -11,6 +11,9 @@ pub use in_process::{HubOptions, InProcessHub, InProcessTransport};
 #[cfg(feature = "mpi")]
 pub use mpi::{MpiEndpoint, MpiTransport};
 
+/// The launcher's environment is configuration; it is named here too, where MPI users look.
+pub use crate::config::{mpi_launch, MpiLaunch};
+
 use crate::accounting::Charge;
 use crate::error::RtpResult;
 use burn::tensor::TensorData;
@@ -131,23 +134,4 @@ pub trait Transport<T: Send + 'static>: Send + Sync {
     fn take_wire(&self) -> Vec<(std::time::Instant, std::time::Instant)> {
         Vec::new()
     }
-}
-
-/// This process's place in a job that `mpirun` (or another PMI launcher) started.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MpiLaunch {
-    /// This process's rank.
-    pub rank: usize,
-    /// Processes in the job.
-    pub size: usize,
-}
-
-/// Reads the launcher's environment: Open MPI's `OMPI_COMM_WORLD_SIZE` / `OMPI_COMM_WORLD_RANK`,
-/// or the `PMI_SIZE` / `PMI_RANK` of MPICH-style launchers. `None` outside such a job.
-pub fn mpi_launch() -> Option<MpiLaunch> {
-    let read = |name: &str| std::env::var(name).ok()?.trim().parse::<usize>().ok();
-    let pair = |size: &str, rank: &str| Some((read(size)?, read(rank)?));
-    let (size, rank) = pair("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK")
-        .or_else(|| pair("PMI_SIZE", "PMI_RANK"))?;
-    Some(MpiLaunch { rank, size })
 }

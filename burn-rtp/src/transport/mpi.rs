@@ -637,7 +637,7 @@ impl<T: Send + 'static> Transport<T> for MpiEndpoint {
         hold: Vec<Arc<crate::accounting::Charge>>,
     ) -> RtpResult<Box<dyn SendHandle>> {
         let op = header.op.to_string();
-        crate::launch::check_rank(to, self.0.size)?;
+        crate::config::check_rank(to, self.0.size)?;
         let Payload::Host(data) = payload else {
             return Err(transport_error(
                 self.0.rank,
@@ -676,7 +676,7 @@ impl<T: Send + 'static> Transport<T> for MpiEndpoint {
     }
 
     fn irecv(&self, from: usize, expect: Header) -> RtpResult<Box<dyn RecvHandle<T>>> {
-        crate::launch::check_rank(from, self.0.size)?;
+        crate::config::check_rank(from, self.0.size)?;
         let (done, reply) = mpsc::channel();
         self.0.submit(
             Command::Recv {
