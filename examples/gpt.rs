@@ -413,7 +413,7 @@ fn main() -> ExitCode {
         return plan(memory_budget, *batch_per_rank, *max_ranks, model);
     }
     if let Some(Command::Consolidate { checkpoint, out }) = &cli.command {
-        return match consolidate_checkpoint::<burn::backend::NdArray>(checkpoint, out) {
+        return match consolidate_checkpoint(checkpoint, out) {
             Ok(m) => {
                 println!(
                     "consolidated step {} of a {}-rank {} checkpoint into {}",

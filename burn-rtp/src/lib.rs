@@ -3,6 +3,7 @@
 
 mod accounting;
 mod backend;
+pub mod checkpoint;
 mod collectives;
 mod config;
 mod consolidate;

@@ -1,6 +1,6 @@
 //! The training loop, written once: every strategy runs it on every rank.
 
-use crate::checkpoint::{self, CheckpointError, Manifest, RunInfo};
+use crate::checkpoint::{self, CheckpointError, TrainerFields};
 use crate::data::{Corpus, DataError, Windows};
 use crate::model::{Gpt, GptConfig};
 use crate::report::{PeakBytes, Report};
@@ -187,15 +187,13 @@ impl TrainConfig {
         ]
     }
 
-    fn info(&self) -> RunInfo<'_> {
-        RunInfo {
-            strategy: self.strategy.to_string(),
-            rotation: self.rotation.to_string(),
-            model: &self.model,
+    /// The trainer's fields of a checkpoint, which a resumed run must share.
+    fn fields(&self) -> TrainerFields {
+        TrainerFields {
+            model: self.model.clone(),
             batch: self.batch,
             lr: self.lr,
             seed: self.seed,
-            shard_threshold: self.threshold(),
         }
     }
 
@@ -432,26 +430,22 @@ pub fn train<I: Backend>(
     cfg.validate()?;
     let world = cfg.strategy.world_size(cfg.ranks);
     let corpus = Corpus::load(cfg.data.as_deref(), cfg.model.seq)?;
+    let mut rtp = cfg
+        .strategy
+        .rtp_config(cfg.ranks, cfg.rotation)
+        .with_shard_threshold(cfg.threshold());
     let resume = match &cfg.resume {
-        Some(path) => {
-            let (manifest, dir) = Manifest::open(path)?;
-            manifest.check_compatible(world, &cfg.info())?;
-            Some((manifest, dir))
-        }
+        Some(path) => Some(checkpoint::open_for(path, &rtp, &cfg.fields())?),
         None => None,
     };
-    let start = resume.as_ref().map_or(0, |(m, _)| m.step);
+    let start = resume.as_ref().map_or(0, |c| c.manifest().step as usize);
     let end = start + cfg.steps;
     // Built once here to refuse a bad schedule before any rank starts; each rank clones it.
     let mut schedule = Schedule::new(cfg.lr, cfg.warmup_steps, end, cfg.lr_schedule)
         .map_err(TrainError::Config)?;
     schedule.advance(start);
-    let resumed_from = resume.as_ref().map(|(_, dir)| dir.clone());
+    let resumed_from = resume.as_ref().map(|c| c.dir().to_path_buf());
     let per = cfg.batch / world;
-    let mut rtp = cfg
-        .strategy
-        .rtp_config(cfg.ranks, cfg.rotation)
-        .with_shard_threshold(cfg.threshold());
     rtp.transport = cfg.transport;
     let transport = rtp.transport_kind();
     if let Some(timeout) = cfg.peer_timeout {
@@ -471,8 +465,8 @@ pub fn train<I: Backend>(
         if let Some(path) = &cfg.init {
             model = checkpoint::load_full_into(path, model, &device)?;
         }
-        if let Some((manifest, dir)) = &resume {
-            (model, optim) = manifest.load_rank(dir, &device, model, optim)?;
+        if let Some(ckpt) = &resume {
+            (model, optim) = ckpt.load(&device, model, optim)?;
         }
         let initial_val = evaluate(&model.valid(), &corpus, cfg, &device);
         let mut val = initial_val;
@@ -534,7 +528,7 @@ pub fn train<I: Backend>(
                         &device,
                         root,
                         done,
-                        &cfg.info(),
+                        &cfg.fields(),
                         &model,
                         &optim,
                     )?);
@@ -585,7 +579,7 @@ pub fn train<I: Backend>(
                     &device,
                     root,
                     last,
-                    &cfg.info(),
+                    &cfg.fields(),
                     &model,
                     &optim,
                 )?);

@@ -5,7 +5,7 @@ mod common;
 
 use burn::backend::NdArray;
 use burn_rtp_examples::checkpoint::{
-    consolidate_checkpoint, load_consolidated, CheckpointError, Manifest,
+    consolidate_checkpoint, load_consolidated, Checkpoint, CheckpointError,
 };
 use burn_rtp_examples::{train, DataError, StrategyName, TrainError};
 use common::*;
@@ -31,7 +31,7 @@ fn resuming_equals_uninterrupted_training_and_consolidation_loads_into_single_de
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     assert_eq!(
-        names.iter().filter(|n| n.ends_with(".model.bin")).count(),
+        names.iter().filter(|n| n.ends_with(".model.mpk")).count(),
         3,
         "{names:?}"
     );
@@ -59,8 +59,8 @@ fn resuming_equals_uninterrupted_training_and_consolidation_loads_into_single_de
     assert_eq!(b.report.final_val_loss, straight.report.final_val_loss);
 
     // Consolidate the final checkpoint and evaluate it on plain single-device Burn.
-    let out = dir.join("full.bin");
-    let manifest = consolidate_checkpoint::<NdArray>(b.checkpoint.as_ref().unwrap(), &out).unwrap();
+    let out = dir.join("full.mpk");
+    let manifest = consolidate_checkpoint(b.checkpoint.as_ref().unwrap(), &out).unwrap();
     assert_eq!(manifest.step, 20);
     let cfg = tiny(StrategyName::Rtp, 3, 20);
     let single = load_consolidated::<NdArray>(&out, &cfg.model, &Default::default()).unwrap();
@@ -98,10 +98,11 @@ fn bad_checkpoints_are_refused() {
     assert!(err.to_string().contains("model config"), "{err}");
 
     // Truncated shard.
-    let shard = ckpt.join("rank-00001.model.bin");
+    let shard = ckpt.join("rank-00001.model.mpk");
     let bytes = std::fs::read(&shard).unwrap();
     std::fs::write(&shard, &bytes[..bytes.len() / 2]).unwrap();
-    let err = Manifest::open(&ckpt).unwrap_err();
+    let err = Checkpoint::open(&ckpt).unwrap_err();
+    assert!(matches!(err, CheckpointError::Truncated { .. }), "{err}");
     assert!(err.to_string().contains("truncated"), "{err}");
 
     // Corrupt shard of the right size.
@@ -119,7 +120,7 @@ fn bad_checkpoints_are_refused() {
     assert_eq!(steps.len(), 2, "only step-00000002 and `latest` exist");
 
     // No checkpoint at all.
-    let err = Manifest::open(&dir.join("nowhere")).unwrap_err();
+    let err = Checkpoint::open(&dir.join("nowhere")).unwrap_err();
     assert!(matches!(err, CheckpointError::Missing { .. }), "{err}");
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -68,7 +68,7 @@ pub fn reference_val_loss(cfg: &TrainConfig, model: &burn_rtp_examples::Gpt<NdAr
 
 /// A fresh single-device model saved as a full record, to start every strategy from.
 pub fn initial_weights(cfg: &TrainConfig, dir: &std::path::Path) -> std::path::PathBuf {
-    let path = dir.join("init.bin");
+    let path = dir.join("init.mpk");
     let device = Default::default();
     let model = cfg.model.init::<NdArray>(&device);
     burn_rtp_examples::checkpoint::save_full(model, &path).unwrap();
