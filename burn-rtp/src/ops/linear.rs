@@ -2,9 +2,8 @@
 //! the weight shard rotates (dX) while the gradient buffer `[dW_j, db_j]` travels with it.
 //! How Burn's three backward calls come to share that pass is [`crate::linear_pairing`].
 
-use super::module::{
-    broadcastable, gather_unit, is_fsdp, local, mean_over_ranks, opt_full, opt_get,
-    reduce_scatter_full,
+use super::weights::{
+    broadcastable, gather_unit, local, mean_over_ranks, reduce_scatter_full, WeightUse,
 };
 use super::{full_inner, unary, Float};
 use crate::accounting::transient;
@@ -122,23 +121,38 @@ pub(super) fn forward<B: Backend>(
     bias: Option<RtpTensor<B>>,
 ) -> RtpTensor<B> {
     let ctx = x.ctx.clone();
-    let rotates = matches!(weight.layout, Layout::Sharded(_)) && !is_fsdp(&ctx);
+    let use_ = WeightUse::of(&weight);
+    let rotates = matches!(use_, WeightUse::Rotated(_));
     ctx.pairing
         .lock()
         .unwrap()
         .record(Forward::new(&x, &weight, bias.as_ref(), rotates));
-    let Layout::Sharded(spec) = weight.layout.clone() else {
-        let x = full_inner(x, "linear");
-        let w = full_inner(weight, "linear");
-        let b = opt_full(bias, "linear");
-        return local(&ctx, B::linear(x.get(), w.get(), opt_get(&b)));
-    };
-    let x = full_inner(x, "linear");
-    if is_fsdp(&ctx) {
-        let w = gather_unit(weight, "linear.gather");
-        let b = bias.map(|b| gather_unit(b, "linear.gather_bias"));
-        return local(&ctx, B::linear(x.get(), w.get(), opt_get(&b)));
+    let op = "linear";
+    match use_ {
+        WeightUse::Whole => {
+            let (x, w) = (full_inner(x, op), full_inner(weight, op));
+            let b = bias.map(|b| full_inner(b, op));
+            local(&ctx, B::linear(x.get(), w.get(), b.as_ref().map(Held::get)))
+        }
+        WeightUse::Gathered(_) => {
+            let x = full_inner(x, op);
+            let w = gather_unit(weight, "linear.gather");
+            let b = bias.map(|b| gather_unit(b, "linear.gather_bias"));
+            local(&ctx, B::linear(x.get(), w.get(), b.as_ref().map(Held::get)))
+        }
+        WeightUse::Rotated(spec) => rotated_forward(&ctx, full_inner(x, op), weight, bias, spec),
     }
+}
+
+/// RTP's forward: the weight shards (with a bias split like them) rotate, and each step
+/// writes its block of output columns.
+fn rotated_forward<B: Backend>(
+    ctx: &Arc<RankCtx<B>>,
+    x: Held<B>,
+    weight: RtpTensor<B>,
+    bias: Option<RtpTensor<B>>,
+    spec: ShardSpec,
+) -> RtpTensor<B> {
     let ndims = x.shape().num_dims();
     let d_in = spec.full[0];
     // A bias split like the weight travels with it; any other bias is added at the end.
@@ -151,7 +165,7 @@ pub(super) fn forward<B: Backend>(
     };
     let with_bias = bundle.len() == 2;
     let mut y = rotate_columns(
-        &ctx,
+        ctx,
         "linear.forward",
         bundle,
         |j| {
@@ -165,42 +179,46 @@ pub(super) fn forward<B: Backend>(
         |_, shard| kernels::linear_columns::<B>(x.get(), shard[0].clone(), shard.get(1).cloned()),
         |_| ndims - 1,
     )
-    .into_local(ctx);
+    .into_local(ctx.clone());
     if let Some(b) = late_bias {
         y = unary(y, |y| B::float_add(y, broadcastable::<B>(b.get(), ndims)));
     }
     y
 }
 
-/// dX. With a sharded weight it runs the Linear's whole backward pass when it can find the
+/// dX. With a rotating weight it runs the Linear's whole backward pass when it can find the
 /// forward's `x`, and leaves dW and db for the calls that follow.
 pub(super) fn x_backward<B: Backend>(weight: RtpTensor<B>, dy: RtpTensor<B>) -> RtpTensor<B> {
     let ctx = weight.ctx.clone();
     let op = "linear_x_backward";
-    let Layout::Sharded(spec) = weight.layout.clone() else {
-        let w = full_inner(weight, op);
-        let dy = full_inner(dy, op);
-        return local(&ctx, B::linear_x_backward(w.get(), dy.get()));
-    };
-    if is_fsdp(&ctx) {
-        let dy = full_inner(dy, op);
-        let w = gather_unit(weight, "linear.gather_backward");
-        return local(&ctx, B::linear_x_backward(w.get(), dy.get()));
+    match WeightUse::of(&weight) {
+        WeightUse::Whole => {
+            let (w, dy) = (full_inner(weight, op), full_inner(dy, op));
+            local(&ctx, B::linear_x_backward(w.get(), dy.get()))
+        }
+        WeightUse::Gathered(_) => {
+            let dy = full_inner(dy, op);
+            let w = gather_unit(weight, "linear.gather_backward");
+            local(&ctx, B::linear_x_backward(w.get(), dy.get()))
+        }
+        WeightUse::Rotated(spec) => {
+            let guess = ctx.pairing.lock().unwrap().guess_x(&weight, &dy);
+            let dy_id = dy.identity();
+            let dy = full_inner(dy, op);
+            let w = Some(weight.inner.clone());
+            let Some((x_id, x, bias_layout)) = guess else {
+                let g = backward_pass(&ctx, &spec, w, None, &dy, None);
+                return local(&ctx, g.dx.expect("the weight rotated"));
+            };
+            let bias = travelling_bias(&bias_layout);
+            let g = backward_pass(&ctx, &spec, w, Some(x), &dy, bias);
+            let mut deferred = Deferred::new(x_id, dy_id, bias_layout);
+            deferred.dw = g.dw.map(RtpTensor::into_placed);
+            deferred.db = g.db.map(RtpTensor::into_placed);
+            ctx.pairing.lock().unwrap().defer_guessed(deferred, &weight);
+            local(&ctx, g.dx.expect("the weight rotated"))
+        }
     }
-    let guess = ctx.pairing.lock().unwrap().guess_x(&weight, &dy);
-    let dy_id = dy.identity();
-    let dy = full_inner(dy, op);
-    let w = Some(weight.inner.clone());
-    let Some((x_id, x, bias_layout)) = guess else {
-        let g = backward_pass(&ctx, &spec, w, None, &dy, None);
-        return local(&ctx, g.dx.expect("the weight rotated"));
-    };
-    let g = backward_pass(&ctx, &spec, w, Some(x), &dy, travelling_bias(&bias_layout));
-    let mut deferred = Deferred::new(x_id, dy_id, bias_layout);
-    deferred.dw = g.dw.map(RtpTensor::into_placed);
-    deferred.db = g.db.map(RtpTensor::into_placed);
-    ctx.pairing.lock().unwrap().defer_guessed(deferred, &weight);
-    local(&ctx, g.dx.expect("the weight rotated"))
 }
 
 /// dW: computed ahead by the dX pass from these very tensors, or now, by the layout of the
@@ -224,18 +242,19 @@ pub(super) fn weight_backward<B: Backend>(x: RtpTensor<B>, dy: RtpTensor<B>) -> 
         // alive. A per-rank gradient is right for any layout (RtpOptimizer averages it).
         None => (Layout::Local, None),
     };
-    let Layout::Sharded(spec) = weight_layout else {
-        return local(&ctx, B::linear_weight_backward(x.get(), dy.get()));
-    };
     let mut deferred = Deferred::new(x_id, dy_id, bias_layout);
-    let dw = if is_fsdp(&ctx) {
-        let full = B::linear_weight_backward(x.get(), dy.get());
-        reduce_scatter_full(&ctx, "linear.reduce_scatter_weight", spec, full)
-    } else {
-        let bias = travelling_bias(&deferred.bias_layout);
-        let g = backward_pass(&ctx, &spec, None, Some(x.get()), &dy, bias);
-        deferred.db = g.db.map(RtpTensor::into_placed);
-        g.dw.expect("x travelled")
+    let dw = match WeightUse::of_layout(&weight_layout, &ctx) {
+        WeightUse::Whole => return local(&ctx, B::linear_weight_backward(x.get(), dy.get())),
+        WeightUse::Gathered(spec) => {
+            let full = B::linear_weight_backward(x.get(), dy.get());
+            reduce_scatter_full(&ctx, "linear.reduce_scatter_weight", spec, full)
+        }
+        WeightUse::Rotated(spec) => {
+            let bias = travelling_bias(&deferred.bias_layout);
+            let g = backward_pass(&ctx, &spec, None, Some(x.get()), &dy, bias);
+            deferred.db = g.db.map(RtpTensor::into_placed);
+            g.dw.expect("x travelled")
+        }
     };
     // The bias call that follows learns its layout (and finds db) here.
     ctx.pairing.lock().unwrap().defer(deferred);
@@ -250,16 +269,17 @@ pub(super) fn bias_backward<B: Backend>(dy: RtpTensor<B>) -> RtpTensor<B> {
         return RtpTensor::from_placed(ctx, db);
     }
     let dy = full_inner(dy, "linear_bias_backward");
-    let Some(Layout::Sharded(spec)) = layout else {
-        // Not sharded, or not known: a per-rank gradient, which RtpOptimizer averages.
-        return local(&ctx, B::linear_bias_backward(dy.get()));
-    };
-    if is_fsdp(&ctx) {
-        let full = B::linear_bias_backward(dy.get());
-        return reduce_scatter_full(&ctx, "linear.reduce_scatter_bias", spec, full);
+    // Not known (no forward record): a per-rank gradient, which RtpOptimizer averages.
+    let layout = layout.unwrap_or(Layout::Local);
+    match WeightUse::of_layout(&layout, &ctx) {
+        WeightUse::Whole => local(&ctx, B::linear_bias_backward(dy.get())),
+        WeightUse::Gathered(spec) => {
+            let full = B::linear_bias_backward(dy.get());
+            reduce_scatter_full(&ctx, "linear.reduce_scatter_bias", spec, full)
+        }
+        // The bias is split like the weight's columns, so its own spec gives the columns.
+        WeightUse::Rotated(spec) => backward_pass(&ctx, &spec.clone(), None, None, &dy, Some(spec))
+            .db
+            .expect("the bias travelled"),
     }
-    // The bias is split like the weight's columns, so its own spec gives the column ranges.
-    backward_pass(&ctx, &spec.clone(), None, None, &dy, Some(spec))
-        .db
-        .expect("the bias travelled")
 }

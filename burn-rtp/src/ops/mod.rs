@@ -2,17 +2,19 @@
 //!
 //! Forwarding is uniform: an op runs on the inner tensors and keeps the layout when it has a
 //! shard-wise rule ([`unary`], [`binary`], [`reshaped`]), and otherwise gathers its sharded
-//! operands first ([`gathered`]). The cleverness (rotation) lives in `module.rs` and
-//! [`crate::rotation`].
+//! operands first ([`gathered`]). The cleverness (rotation) lives in `linear.rs`,
+//! `embedding.rs` and [`crate::rotation`]; how each strategy uses a weight, in `weights.rs`.
 
 mod activation;
 mod bool;
+mod embedding;
 mod float;
 mod int;
 mod linear;
 mod module;
 mod qtensor;
 mod transaction;
+mod weights;
 
 use crate::accounting::Category;
 use crate::accounting::Held;

@@ -1,0 +1,321 @@
+//! The GPT trained by burn-train's `Learner`, one Learner per rank.
+//!
+//! Each rank runs an ordinary Burn `Learner` (`SupervisedTraining::launch`) on its own device
+//! (`ExecutionStrategy::SingleDevice`), on the rank's own thread, with [`RtpOptimizer`] as its
+//! optimizer: Burn's training loop, metrics, validation and progress, unchanged.
+//!
+//! * **Data.** The dataset is the list of step indices. A batch of one index becomes this
+//!   rank's slice of that step's global batch, cut exactly as the hand-written loop
+//!   ([`crate::train`]) cuts it, so both train on the same data in the same order and give
+//!   the same losses.
+//! * **Global loss.** The train and validation steps put the mean of the ranks' losses into
+//!   their output (one scalar all-reduce, on the rank's thread), so the metrics report the
+//!   global loss, not rank 0's.
+//! * **Display.** Rank 0 gets a renderer that prints; the other ranks a silent one.
+//! * **Not used: the Learner's checkpointer.** burn-train writes checkpoints from its own
+//!   threads (one per record), while a sharded checkpoint is a collective of the ranks' own
+//!   threads (every rank must agree that every rank wrote). Checkpoints of a Learner run are
+//!   written with [`burn_rtp::checkpoint`] around `launch` instead; see the README.
+
+use crate::data::{Corpus, Windows};
+use crate::model::{Gpt, GptConfig};
+use burn::data::dataloader::batcher::Batcher;
+use burn::data::dataloader::DataLoaderBuilder;
+use burn::data::dataset::InMemDataset;
+use burn::optim::AdamConfig;
+use burn::prelude::*;
+use burn::train::metric::{Adaptor, LossInput, LossMetric, MetricDefinition, MetricEntry};
+use burn::train::renderer::{
+    EvaluationName, EvaluationProgress, MetricState, MetricsRenderer, MetricsRendererEvaluation,
+    MetricsRendererTraining, ProgressType, TrainingProgress,
+};
+use burn::train::{
+    ExecutionStrategy, InferenceStep, ItemLazy, Learner, SupervisedTraining, TrainOutput, TrainStep,
+};
+use burn_rtp::{Rtp, RtpConfig, RtpDevice, RtpOptimizer};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// The inner backend of the Learner example (CPU).
+type I = burn::backend::NdArray;
+/// The training backend of every rank.
+pub type LearnerBackend = burn::backend::Autodiff<Rtp<I>>;
+
+/// This rank's slice of one step's batch.
+#[derive(Clone, Debug)]
+pub struct GptBatch<B: Backend> {
+    tokens: Tensor<B, 2, Int>,
+    targets: Tensor<B, 2, Int>,
+}
+
+/// What a train or validation step reports: the loss averaged over every rank.
+#[derive(Clone, Debug)]
+pub struct GlobalLoss {
+    /// Mean of the ranks' losses.
+    pub value: f64,
+}
+
+impl ItemLazy for GlobalLoss {
+    type ItemSync = Self;
+
+    fn sync(self) -> Self {
+        self
+    }
+}
+
+impl Adaptor<LossInput<I>> for GlobalLoss {
+    fn adapt(&self) -> LossInput<I> {
+        LossInput::new(Tensor::from_floats(
+            [self.value as f32],
+            &Default::default(),
+        ))
+    }
+}
+
+/// The mean over ranks of a rank's loss (a collective every rank runs in the same order).
+fn global<B: Backend<Device = RtpDevice<I>>>(loss: &Tensor<B, 1>) -> GlobalLoss {
+    let local = loss.clone().into_scalar().elem::<f32>();
+    GlobalLoss {
+        value: f64::from(loss.device().all_reduce_mean(local)),
+    }
+}
+
+impl TrainStep for Gpt<LearnerBackend> {
+    type Input = GptBatch<LearnerBackend>;
+    type Output = GlobalLoss;
+
+    fn step(&self, batch: Self::Input) -> TrainOutput<GlobalLoss> {
+        let loss = self.loss(batch.tokens, batch.targets);
+        let report = global(&loss);
+        TrainOutput::new(self, loss.backward(), report)
+    }
+}
+
+impl InferenceStep for Gpt<Rtp<I>> {
+    type Input = GptBatch<Rtp<I>>;
+    type Output = GlobalLoss;
+
+    fn step(&self, batch: Self::Input) -> GlobalLoss {
+        global(&self.loss(batch.tokens, batch.targets))
+    }
+}
+
+/// Builds this rank's slice of a step's global batch (training) or of a validation batch.
+#[derive(Clone)]
+struct SliceBatcher {
+    corpus: Arc<Corpus>,
+    seed: u64,
+    batch: usize,
+    seq: usize,
+    /// Validation batches in all (training batches take none).
+    val_batches: Option<usize>,
+    /// The next training step: the loader repeats its items every epoch, so the step a
+    /// training batch belongs to is counted here (batches are built in order, on the rank's
+    /// thread).
+    next_step: Arc<AtomicUsize>,
+}
+
+impl<B: Backend<Device = RtpDevice<I>>> Batcher<B, usize, GptBatch<B>> for SliceBatcher {
+    fn batch(&self, items: Vec<usize>, device: &RtpDevice<I>) -> GptBatch<B> {
+        let [index] = items[..] else {
+            panic!("rank {}: one step per batch, got {items:?}", device.rank());
+        };
+        let per = self.batch / device.world_size();
+        let rows = device.rank() * per..(device.rank() + 1) * per;
+        let windows = match self.val_batches {
+            None => {
+                let step = self.next_step.fetch_add(1, Ordering::Relaxed);
+                Windows::train(&self.corpus, self.seed, step, rows, self.seq)
+            }
+            Some(n) => {
+                let first = index * self.batch + rows.start;
+                Windows::val(&self.corpus, first..first + per, self.batch * n, self.seq)
+            }
+        };
+        let (tokens, targets) = windows.tensors::<B>(device);
+        GptBatch { tokens, targets }
+    }
+}
+
+/// A Learner run.
+#[derive(Debug, Clone)]
+pub struct LearnerConfig {
+    /// Model shape.
+    pub model: GptConfig,
+    /// Ranks.
+    pub ranks: usize,
+    /// Global batch (sequences per step, over all ranks).
+    pub batch: usize,
+    /// Epochs.
+    pub epochs: usize,
+    /// Steps per epoch.
+    pub steps_per_epoch: usize,
+    /// Validation batches after each epoch.
+    pub val_batches: usize,
+    /// Learning rate (constant).
+    pub lr: f64,
+    /// Seed of the weights and the data order.
+    pub seed: u64,
+    /// Parameters below this many elements are replicated (`None`: the library's default).
+    pub shard_threshold: Option<usize>,
+    /// Where burn-train writes its logs (one folder per rank).
+    pub dir: PathBuf,
+    /// Whether rank 0 prints its progress.
+    pub verbose: bool,
+}
+
+/// What the Learners did: per-step and per-epoch global losses, as the metrics saw them.
+#[derive(Debug, Clone, Default)]
+pub struct LearnerOutcome {
+    /// Global training loss of every step, in order.
+    pub train_losses: Vec<f64>,
+    /// Global validation loss after each epoch (as the renderer gathers them: one value per
+    /// validation batch, until the run ends).
+    pub val_losses: Vec<f64>,
+}
+
+/// Trains under `cfg` with one Learner per rank and returns rank 0's record of the losses.
+pub fn train_with_learner(cfg: &LearnerConfig) -> Result<LearnerOutcome, burn_rtp::RtpError> {
+    let corpus = Arc::new(Corpus::load(None, cfg.model.seq).map_err(|e| {
+        burn_rtp::RtpError::WorldEnded {
+            reason: e.to_string(),
+        }
+    })?);
+    let world = RtpConfig::new(cfg.ranks).with_shard_threshold(
+        cfg.shard_threshold
+            .unwrap_or(burn_rtp::DEFAULT_SHARD_THRESHOLD),
+    );
+    let outcomes = burn_rtp::launch(world, |device: RtpDevice<I>| {
+        LearnerBackend::seed(&device, cfg.seed);
+        let batcher = |val_batches| SliceBatcher {
+            corpus: corpus.clone(),
+            seed: cfg.seed,
+            batch: cfg.batch,
+            seq: cfg.model.seq,
+            val_batches,
+            next_step: Arc::new(AtomicUsize::new(0)),
+        };
+        // Each epoch walks `steps_per_epoch` items; the batcher numbers the steps.
+        let train = DataLoaderBuilder::<LearnerBackend, _, _>::new(batcher(None))
+            .batch_size(1)
+            .set_device(device.clone())
+            .build(InMemDataset::new(
+                (0..cfg.steps_per_epoch).collect::<Vec<usize>>(),
+            ));
+        let valid = DataLoaderBuilder::<Rtp<I>, _, _>::new(batcher(Some(cfg.val_batches)))
+            .batch_size(1)
+            .set_device(device.clone())
+            .build(InMemDataset::new(
+                (0..cfg.val_batches).collect::<Vec<usize>>(),
+            ));
+        let record = Record::default();
+        let renderer = Recorder {
+            record: record.clone(),
+            names: HashMap::new(),
+            print: cfg.verbose && device.rank() == 0,
+            steps_per_epoch: cfg.steps_per_epoch,
+        };
+        let training = SupervisedTraining::new(
+            cfg.dir.join(format!("rank-{}", device.rank())),
+            train,
+            valid,
+        )
+        .with_training_strategy(ExecutionStrategy::SingleDevice(device.clone()).into())
+        .metric_train_numeric(LossMetric::<I>::new())
+        .metric_valid_numeric(LossMetric::<I>::new())
+        .num_epochs(cfg.epochs)
+        .with_application_logger(None)
+        .renderer(renderer);
+        let model = cfg.model.init::<LearnerBackend>(&device);
+        let optim =
+            RtpOptimizer::new(AdamConfig::new().init::<LearnerBackend, Gpt<LearnerBackend>>());
+        let _result = training.launch(Learner::new(model, optim, cfg.lr));
+        let seen = record.lock().unwrap();
+        // The renderer sees one value per validation batch; an epoch's loss is their mean
+        // (every batch has the same size).
+        LearnerOutcome {
+            train_losses: seen.train_losses.clone(),
+            val_losses: seen
+                .val_losses
+                .chunks(cfg.val_batches.max(1))
+                .map(|batches| batches.iter().sum::<f64>() / batches.len() as f64)
+                .collect(),
+        }
+    })?;
+    Ok(outcomes.into_iter().next().unwrap_or_default())
+}
+
+/// The losses the renderer saw.
+type Record = Arc<Mutex<LearnerOutcome>>;
+
+/// The renderer of every rank: it records the loss metric's values, and on rank 0 prints them.
+struct Recorder {
+    record: Record,
+    names: HashMap<String, String>,
+    print: bool,
+    steps_per_epoch: usize,
+}
+
+impl Recorder {
+    /// The value of `state` if it is the loss metric.
+    fn loss(&self, state: &MetricState) -> Option<f64> {
+        let MetricState::Numeric(entry, value) = state else {
+            return None;
+        };
+        let name = self.names.get(&id_of(entry))?;
+        (name == "Loss").then(|| value.current())
+    }
+}
+
+fn id_of(entry: &MetricEntry) -> String {
+    format!("{:?}", entry.metric_id)
+}
+
+impl MetricsRendererTraining for Recorder {
+    fn update_train(&mut self, state: MetricState) {
+        if let Some(loss) = self.loss(&state) {
+            let mut record = self.record.lock().unwrap();
+            record.train_losses.push(loss);
+            let step = record.train_losses.len();
+            if self.print {
+                let epoch = (step - 1) / self.steps_per_epoch.max(1) + 1;
+                println!("epoch {epoch} step {step:4}: loss {loss:.4} (mean over ranks)");
+            }
+        }
+    }
+
+    fn update_valid(&mut self, state: MetricState) {
+        if let Some(loss) = self.loss(&state) {
+            let mut record = self.record.lock().unwrap();
+            record.val_losses.push(loss);
+        }
+    }
+
+    fn render_train(&mut self, _item: TrainingProgress, _progress: Vec<ProgressType>) {}
+
+    fn render_valid(&mut self, _item: TrainingProgress, _progress: Vec<ProgressType>) {}
+
+    fn on_train_end(
+        &mut self,
+        _summary: Option<burn::train::LearnerSummary>,
+    ) -> Result<(), Box<dyn core::error::Error>> {
+        Ok(())
+    }
+}
+
+impl MetricsRendererEvaluation for Recorder {
+    fn update_test(&mut self, _name: EvaluationName, _state: MetricState) {}
+
+    fn render_test(&mut self, _item: EvaluationProgress, _progress: Vec<ProgressType>) {}
+}
+
+impl MetricsRenderer for Recorder {
+    fn manual_close(&mut self) {}
+
+    fn register_metric(&mut self, definition: MetricDefinition) {
+        self.names
+            .insert(format!("{:?}", definition.metric_id), definition.name);
+    }
+}
