@@ -8,7 +8,12 @@
 
 pub mod kernel;
 
-pub use kernel::columns::{assemble_columns, column_slice};
+/// The inner backend's float tensor, which every kernel takes and returns.
+pub type Float<B> = <B as burn::tensor::backend::BackendTypes>::FloatTensorPrimitive;
+
+pub use kernel::columns::{
+    assemble_columns, column_slice, output_for_columns, write_columns, ColumnError,
+};
 pub use kernel::embedding::{accumulate_embedding_grad, embedding_columns};
 pub use kernel::linear::{
     accumulate_bias_grad, accumulate_weight_grad, accumulate_x_grad, linear_columns,

@@ -369,6 +369,18 @@ impl<B: Backend> Held<B> {
         Self { tensor, charge }
     }
 
+    /// Applies an op that returns a tensor of the same size (an in-place update on backends
+    /// that reuse a uniquely held buffer), keeping the charge.
+    pub(crate) fn map(self, f: impl FnOnce(Float<B>) -> Float<B>) -> Self {
+        let Held { tensor, charge } = self;
+        let out = f(tensor);
+        debug_assert_eq!(bytes_of(&out), charge.bytes(), "Held::map changed the size");
+        Self {
+            tensor: out,
+            charge,
+        }
+    }
+
     /// What the tensor is charged as.
     pub(crate) fn category(&self) -> Category {
         self.charge.category()

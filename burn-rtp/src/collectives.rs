@@ -359,7 +359,8 @@ pub(crate) fn all_reduce_ring<B: Backend>(
         vec![own],
         chunk,
         |_, chunk| chunk[0].clone(),
-        |_| 0,
+        |j| spec.range(j),
+        spec.last(),
     );
     fence(ctx);
     full.consume(|full| B::float_reshape(full, shape))

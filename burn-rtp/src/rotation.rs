@@ -24,6 +24,7 @@ use crate::accounting::{Float, Held};
 use crate::config::RotationMode;
 use crate::p2p::{exchange, fence, swap, Leg, Received};
 use crate::ring::Ring;
+use crate::sharding::ShardRange;
 use crate::timeline::IntervalKind;
 use crate::transport::Header;
 use crate::world::RankCtx;
@@ -269,37 +270,46 @@ pub(crate) fn rotate<B: Backend>(
 }
 
 /// Rotates `own` and builds a tensor from one column block per shard: `block(j, shard)` is
-/// the block of shard `j`, and the blocks are concatenated in shard order along `dim`.
-/// Blocks are charged as local memory while they wait to be assembled, and the joined
-/// result (charged as local too) is charged before they are released: both exist at once.
+/// the block of shard `j`, written into the columns `window(j)` of an output of `columns`
+/// columns (its last dimension). The output is allocated once, at the first block, and
+/// charged as local memory; each block is charged while it is written.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn rotate_columns<B: Backend>(
     ctx: &RankCtx<B>,
     op: &'static str,
     own: Vec<Float<B>>,
     shapes_of: impl Fn(usize) -> Vec<Vec<usize>>,
     mut block: impl FnMut(usize, &[Float<B>]) -> Float<B>,
-    dim: impl FnOnce(&Float<B>) -> usize,
+    window: impl Fn(usize) -> ShardRange,
+    columns: usize,
 ) -> Held<B> {
-    let n = ctx.world_size;
-    let mut parts: Vec<Option<Float<B>>> = vec![None; n];
-    let mut held: Vec<Arc<Charge>> = Vec::with_capacity(n);
+    let mut out: Option<Held<B>> = None;
+    let mut written = 0;
     rotate(ctx, op, own, shapes_of, |j, shard| {
         let part = block(j, shard);
-        held.push(transient::<B>(&ctx.ledger, std::slice::from_ref(&part)));
-        parts[j] = Some(part);
+        let _block = transient::<B>(&ctx.ledger, std::slice::from_ref(&part));
+        let target = out.take().unwrap_or_else(|| {
+            let empty = burn_rtp_kernels::output_for_columns::<B>(&part, columns);
+            Held::new(&ctx.ledger, empty, Category::Local)
+        });
+        let range = window(j);
+        let shapes = (target.shape().to_vec(), part.shape().to_vec());
+        out = Some(target.map(|y| {
+            burn_rtp_kernels::write_columns::<B>(y, part, range.start).unwrap_or_else(|e| {
+                panic!(
+                    "rank {}: `{op}` shard {j}: output {:?}, block {:?}: {e}",
+                    ctx.rank, shapes.0, shapes.1
+                )
+            })
+        }));
+        written += range.len;
     });
-    let parts: Vec<Float<B>> = parts
-        .into_iter()
-        .map(|p| p.unwrap_or_else(|| unreachable!("rank {}: `{op}` missed a shard", ctx.rank)))
-        .collect();
-    let dim = dim(&parts[0]);
-    let joined = Held::new(
-        &ctx.ledger,
-        burn_rtp_kernels::assemble_columns::<B>(parts, dim),
-        Category::Local,
+    assert_eq!(
+        written, columns,
+        "rank {}: `{op}` wrote {written} of {columns} columns",
+        ctx.rank
     );
-    drop(held);
-    joined
+    out.unwrap_or_else(|| unreachable!("rank {}: `{op}` has no shard", ctx.rank))
 }
 
 /// Sums every rank's contribution to each shard and leaves shard `r` on rank `r`.

@@ -107,7 +107,7 @@ fn linear_x_backward_charges_its_accumulator() {
 }
 
 #[test]
-fn linear_forward_charges_the_column_blocks_and_their_join_at_once() {
+fn linear_forward_writes_each_column_block_into_one_output() {
     let peaks = local_peak(|device| {
         let w = sharded_weight(device);
         let x = local([ROWS, D_IN], device);
@@ -115,11 +115,21 @@ fn linear_forward_charges_the_column_blocks_and_their_join_at_once() {
         let y = B::linear(x, w, None);
         assert_eq!(y.inner_shape(), vec![ROWS, D_OUT]);
     });
+    let block = bytes(&[ROWS, D_OUT / WORLD]);
     check(
         &peaks,
-        bytes(&[ROWS, D_IN]) + 2 * bytes(&[ROWS, D_OUT]),
-        "x, the column blocks or the output they are joined into",
+        bytes(&[ROWS, D_IN]) + bytes(&[ROWS, D_OUT]) + block,
+        "x, the output or the block being written into it",
     );
+    // The output is allocated once and the blocks are written into it: never the blocks
+    // and a joined copy at once, as a concatenation would hold.
+    for (rank, peak) in peaks.iter().enumerate() {
+        assert!(
+            peak.local < bytes(&[ROWS, D_IN]) + 2 * bytes(&[ROWS, D_OUT]),
+            "rank {rank}: local peak {} B holds a second copy of the output",
+            peak.local
+        );
+    }
 }
 
 #[test]

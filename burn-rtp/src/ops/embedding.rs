@@ -8,7 +8,6 @@ use crate::rotation::{reduce_scatter, rotate_columns};
 use crate::sharding::Layout;
 use crate::tensor::RtpTensor;
 use burn::tensor::backend::Backend;
-use burn::tensor::TensorMetadata;
 use burn_rtp_kernels as kernels;
 
 /// `embedding(weights, indices)`.
@@ -34,7 +33,8 @@ pub(super) fn forward<B: Backend>(
                 vec![weights.inner.clone()],
                 |j| vec![vec![rows, spec.range(j).len]],
                 |_, shard| kernels::embedding_columns::<B>(shard[0].clone(), indices.clone()),
-                |part| part.shape().num_dims() - 1,
+                |j| spec.range(j),
+                spec.last(),
             );
             y.into_local(ctx)
         }

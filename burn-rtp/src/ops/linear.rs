@@ -177,7 +177,8 @@ fn rotated_forward<B: Backend>(
             shapes
         },
         |_, shard| kernels::linear_columns::<B>(x.get(), shard[0].clone(), shard.get(1).cloned()),
-        |_| ndims - 1,
+        |j| spec.range(j),
+        spec.last(),
     )
     .into_local(ctx.clone());
     if let Some(b) = late_bias {

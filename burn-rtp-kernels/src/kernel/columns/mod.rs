@@ -1,9 +1,39 @@
-//! Column slices of the output: where a shard's partial result goes.
+//! Column windows of an output: where a shard's partial result goes.
+//!
+//! A rotated op's output is allocated once ([`output_for_columns`]) and each shard's block
+//! is written into its window ([`write_columns`]), on backends that update a uniquely held
+//! tensor in place (NdArray does), with no concatenation and no second copy of the output.
 
+use crate::Float;
 use burn::tensor::backend::Backend;
-use burn::tensor::{Slice, TensorMetadata};
+use burn::tensor::{FloatDType, Shape, Slice, TensorMetadata};
 
-type Float<B> = <B as burn::tensor::backend::BackendTypes>::FloatTensorPrimitive;
+/// A window or block that does not fit its output; refused before anything is written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ColumnError {
+    /// The window `[start, start + len)` reaches past the output's last dimension.
+    #[error(
+        "column window {start}..{end} is outside an output of {columns} columns (shape {shape:?})"
+    )]
+    OutOfBounds {
+        /// First column of the window.
+        start: usize,
+        /// One past its last column.
+        end: usize,
+        /// Columns of the output.
+        columns: usize,
+        /// Shape of the output.
+        shape: Vec<usize>,
+    },
+    /// The block's leading dimensions differ from the output's.
+    #[error("a block of shape {block:?} does not fit the rows of an output of shape {output:?}")]
+    Rows {
+        /// Shape of the block.
+        block: Vec<usize>,
+        /// Shape of the output.
+        output: Vec<usize>,
+    },
+}
 
 /// Columns `[start, start + len)` of the last dimension of `t`.
 pub fn column_slice<B: Backend>(t: Float<B>, start: usize, len: usize) -> Float<B> {
@@ -16,7 +46,50 @@ pub fn column_slice<B: Backend>(t: Float<B>, start: usize, len: usize) -> Float<
     B::float_slice(t, &slices)
 }
 
-/// Concatenates per-shard column blocks, given in shard order, along `dim`.
+/// An uninitialised output shaped like `block` but with `columns` columns, on its device and
+/// of its element type: every window is written before it is read.
+pub fn output_for_columns<B: Backend>(block: &Float<B>, columns: usize) -> Float<B> {
+    let mut dims = block.shape().to_vec();
+    let last = dims.len() - 1;
+    dims[last] = columns;
+    let dtype = FloatDType::from(block.dtype());
+    B::float_empty(Shape::from(dims), &B::float_device(block), dtype)
+}
+
+/// Writes `block` into the columns `[start, start + block columns)` of `out` and returns
+/// `out`. Shapes are checked first: a window outside `out`, or rows that differ, are an
+/// error and nothing is written.
+pub fn write_columns<B: Backend>(
+    out: Float<B>,
+    block: Float<B>,
+    start: usize,
+) -> Result<Float<B>, ColumnError> {
+    let (o, b) = (out.shape().to_vec(), block.shape().to_vec());
+    if o.len() != b.len() || o.is_empty() || o[..o.len() - 1] != b[..b.len() - 1] {
+        return Err(ColumnError::Rows {
+            block: b,
+            output: o,
+        });
+    }
+    let (columns, len) = (o[o.len() - 1], b[b.len() - 1]);
+    if start + len > columns {
+        return Err(ColumnError::OutOfBounds {
+            start,
+            end: start + len,
+            columns,
+            shape: o,
+        });
+    }
+    if start == 0 && len == columns {
+        return Ok(block);
+    }
+    let mut slices = vec![Slice::full(); o.len()];
+    slices[o.len() - 1] = Slice::new(start as isize, Some((start + len) as isize), 1);
+    Ok(B::float_slice_assign(out, &slices, block))
+}
+
+/// Concatenates per-shard column blocks, given in shard order, along `dim`: the composition
+/// [`write_columns`] replaced, kept for the benchmark that compares them.
 pub fn assemble_columns<B: Backend>(parts: Vec<Float<B>>, dim: usize) -> Float<B> {
     if parts.len() == 1 {
         return parts.into_iter().next().expect("one part");

@@ -3,7 +3,7 @@
 use burn::tensor::backend::Backend;
 use burn::tensor::{Shape, TensorMetadata};
 
-type Float<B> = <B as burn::tensor::backend::BackendTypes>::FloatTensorPrimitive;
+use crate::Float;
 type Int<B> = <B as burn::tensor::backend::BackendTypes>::IntTensorPrimitive;
 
 /// `Y[..., cols(j)] = W_j[indices]`.

@@ -2,7 +2,7 @@
 
 use burn::tensor::backend::Backend;
 
-type Float<B> = <B as burn::tensor::backend::BackendTypes>::FloatTensorPrimitive;
+use crate::Float;
 
 fn accumulate<B: Backend>(acc: Option<Float<B>>, value: Float<B>) -> Float<B> {
     match acc {
