@@ -273,7 +273,6 @@ pub(crate) fn rotate<B: Backend>(
 /// the block of shard `j`, written into the columns `window(j)` of an output of `columns`
 /// columns (its last dimension). The output is allocated once, at the first block, and
 /// charged as local memory; each block is charged while it is written.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn rotate_columns<B: Backend>(
     ctx: &RankCtx<B>,
     op: &'static str,

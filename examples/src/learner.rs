@@ -14,8 +14,9 @@
 //! * **Display.** Rank 0 gets a renderer that prints; the other ranks a silent one.
 //! * **Not used: the Learner's checkpointer.** burn-train writes checkpoints from its own
 //!   threads (one per record), while a sharded checkpoint is a collective of the ranks' own
-//!   threads (every rank must agree that every rank wrote). Checkpoints of a Learner run are
-//!   written with [`burn_rtp::checkpoint`] around `launch` instead; see the README.
+//!   threads (every rank must agree that every rank wrote). The model `launch` returns can be
+//!   saved with [`burn_rtp::checkpoint`]; the optimizer is not handed back, so resuming a
+//!   Learner run exactly is not supported yet (see the README).
 
 use crate::data::{Corpus, Windows};
 use crate::model::{Gpt, GptConfig};
@@ -211,7 +212,7 @@ pub fn train_with_learner(cfg: &LearnerConfig) -> Result<LearnerOutcome, burn_rt
                 (0..cfg.val_batches).collect::<Vec<usize>>(),
             ));
         let record = Record::default();
-        let renderer = Recorder {
+        let renderer = LossRenderer {
             record: record.clone(),
             names: HashMap::new(),
             print: cfg.verbose && device.rank() == 0,
@@ -251,14 +252,14 @@ pub fn train_with_learner(cfg: &LearnerConfig) -> Result<LearnerOutcome, burn_rt
 type Record = Arc<Mutex<LearnerOutcome>>;
 
 /// The renderer of every rank: it records the loss metric's values, and on rank 0 prints them.
-struct Recorder {
+struct LossRenderer {
     record: Record,
     names: HashMap<String, String>,
     print: bool,
     steps_per_epoch: usize,
 }
 
-impl Recorder {
+impl LossRenderer {
     /// The value of `state` if it is the loss metric.
     fn loss(&self, state: &MetricState) -> Option<f64> {
         let MetricState::Numeric(entry, value) = state else {
@@ -273,7 +274,7 @@ fn id_of(entry: &MetricEntry) -> String {
     format!("{:?}", entry.metric_id)
 }
 
-impl MetricsRendererTraining for Recorder {
+impl MetricsRendererTraining for LossRenderer {
     fn update_train(&mut self, state: MetricState) {
         if let Some(loss) = self.loss(&state) {
             let mut record = self.record.lock().unwrap();
@@ -305,13 +306,13 @@ impl MetricsRendererTraining for Recorder {
     }
 }
 
-impl MetricsRendererEvaluation for Recorder {
+impl MetricsRendererEvaluation for LossRenderer {
     fn update_test(&mut self, _name: EvaluationName, _state: MetricState) {}
 
     fn render_test(&mut self, _item: EvaluationProgress, _progress: Vec<ProgressType>) {}
 }
 
-impl MetricsRenderer for Recorder {
+impl MetricsRenderer for LossRenderer {
     fn manual_close(&mut self) {}
 
     fn register_metric(&mut self, definition: MetricDefinition) {

@@ -530,30 +530,20 @@ impl Checkpoint {
     /// Writes the whole model as one ordinary Burn record at `out` (named MessagePack, as
     /// `NamedMpkFileRecorder` reads it), assembled on the host from the ranks' files.
     pub fn consolidate(&self, out: &Path) -> Result<(), CheckpointError> {
-        let whole = reshard::reshard(
-            self,
-            Target {
-                rank: 0,
-                world: 1,
-                strategy: crate::config::Strategy::Ddp,
-                threshold: 0,
-            },
-        )?;
-        write_atomic(out, &whole.model)
+        write_atomic(out, &self.consolidated_records()?.0)
     }
 
     /// The model and optimizer records of the whole model, as single-device Burn loads them
-    /// (named MessagePack bytes), assembled on the host.
+    /// (named MessagePack bytes), assembled on the host: the checkpoint resharded for a world
+    /// of one rank that replicates everything.
     pub fn consolidated_records(&self) -> Result<(Vec<u8>, Vec<u8>), CheckpointError> {
-        let whole = reshard::reshard(
-            self,
-            Target {
-                rank: 0,
-                world: 1,
-                strategy: crate::config::Strategy::Ddp,
-                threshold: 0,
-            },
-        )?;
+        let single = Target {
+            rank: 0,
+            world: 1,
+            strategy: crate::config::Strategy::Ddp,
+            threshold: 0,
+        };
+        let whole = reshard::reshard(self, single)?;
         Ok((whole.model, whole.optim))
     }
 
