@@ -9,7 +9,7 @@ use burn_rtp::{human_bytes, RotationMode, TransportKind};
 use burn_rtp_examples::checkpoint::consolidate_checkpoint;
 use burn_rtp_examples::trainer::StepEvent;
 use burn_rtp_examples::{
-    train, GptConfig, LrSchedule, Progress, Report, StrategyName, TrainConfig, TrainOutcome,
+    train, GptConfig, LrSchedule, Progress, Report, Strategy, TrainConfig, TrainOutcome,
 };
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -97,9 +97,10 @@ enum BackendName {
 
 #[derive(Args, Debug)]
 struct TrainArgs {
-    /// single | ddp | fsdp | rtp
-    #[arg(long, default_value = "rtp")]
-    strategy: StrategyName,
+    /// single | ddp | fsdp | rtp (`single`: one rank, every parameter whole, which is ddp on
+    /// one rank)
+    #[arg(long, default_value = "rtp", value_parser = ["single", "ddp", "fsdp", "rtp"])]
+    strategy: String,
     /// Ranks [default: 4 in-process; under mpirun, the number of processes, which it must match].
     #[arg(long)]
     ranks: Option<usize>,
@@ -431,12 +432,24 @@ fn main() -> ExitCode {
         };
     }
     let a = &cli.train;
+    let single = a.strategy == "single";
+    let strategy: Strategy = if single {
+        Strategy::Ddp
+    } else {
+        a.strategy.parse().expect("clap allows only the strategies")
+    };
     let transport = a.transport.unwrap_or_else(TransportKind::from_environment);
     let launched = burn_rtp::transport::mpi_launch();
     let (ranks, is_rank0) = match (transport, launched) {
+        (TransportKind::Mpi, Some(job)) if single && job.size != 1 => {
+            eprintln!(
+                "error: --strategy single trains on one rank; start it without mpirun (or with -np 1), not on {} processes",
+                job.size
+            );
+            return ExitCode::FAILURE;
+        }
         (TransportKind::Mpi, Some(job)) => {
-            let world = a.strategy.world_size(job.size);
-            if let Some(asked) = a.ranks.filter(|&r| a.strategy.world_size(r) != world) {
+            if let Some(asked) = a.ranks.filter(|&r| r != job.size) {
                 eprintln!(
                     "error: --ranks {asked} does not match the {} processes mpirun started; omit --ranks under mpirun",
                     job.size
@@ -451,6 +464,7 @@ fn main() -> ExitCode {
             );
             return ExitCode::FAILURE;
         }
+        (TransportKind::InProcess, _) if single => (1, true),
         (TransportKind::InProcess, _) => (a.ranks.unwrap_or(4), true),
     };
     let stop = match burn_rtp_examples::stop_on_signals() {
@@ -460,7 +474,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let mut cfg = TrainConfig::new(a.strategy, ranks);
+    let mut cfg = TrainConfig::new(strategy, ranks);
     cfg.transport = Some(transport);
     if let Some(secs) = a.peer_timeout {
         if !(secs.is_finite() && secs > 0.0) {
@@ -503,7 +517,7 @@ fn main() -> ExitCode {
             a.model.layers,
             a.model.seq,
             a.strategy,
-            a.strategy.world_size(ranks),
+            ranks,
             a.steps,
             a.batch
         );

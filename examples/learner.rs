@@ -29,9 +29,16 @@ struct Cli {
     /// Seed of the weights and the data order.
     #[arg(long, default_value_t = 42)]
     seed: u64,
-    /// Where burn-train writes its logs.
+    /// Where burn-train writes its logs, and the checkpoints (`DIR/checkpoint`).
     #[arg(long, default_value = "target/learner")]
     dir: std::path::PathBuf,
+    /// Write a sharded checkpoint after every epoch (the newest two are kept).
+    #[arg(long)]
+    checkpoints: bool,
+    /// Resume from the checkpoint of this epoch under DIR (same settings as the run that
+    /// wrote it); training continues with the next epoch.
+    #[arg(long, value_name = "EPOCH")]
+    resume: Option<usize>,
 }
 
 fn main() -> ExitCode {
@@ -54,6 +61,8 @@ fn main() -> ExitCode {
         seed: cli.seed,
         shard_threshold: Some(0),
         dir: cli.dir,
+        checkpoints: cli.checkpoints,
+        resume_epoch: cli.resume,
         verbose: true,
     };
     match train_with_learner(&cfg) {

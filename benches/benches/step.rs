@@ -16,9 +16,6 @@ fn step(c: &mut Criterion) {
         let mut group = c.benchmark_group(format!("step/{model_name}"));
         for ranks in [1usize, 2, 4, 8] {
             for variant in Variant::ALL {
-                if variant == Variant::Single && ranks != 1 {
-                    continue;
-                }
                 let case = Case {
                     variant,
                     ranks,

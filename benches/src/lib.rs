@@ -2,6 +2,7 @@
 //! training steps on demand, so benchmarks time steps, not world start-up.
 #![warn(missing_docs)]
 
+pub mod burn_ddp;
 pub mod mpi_report;
 pub mod planner_check;
 pub mod report;
@@ -11,9 +12,9 @@ use burn::module::Module;
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::tensor::backend::Backend;
 use burn_rtp::timeline::Interval;
-use burn_rtp::{MemoryStats, RotationMode, Rtp, RtpError, RtpOptimizer};
+use burn_rtp::{MemoryStats, RotationMode, Rtp, RtpError, RtpOptimizer, Strategy};
 use burn_rtp_examples::data::{Corpus, Windows};
-use burn_rtp_examples::{Gpt, GptConfig, StrategyName};
+use burn_rtp_examples::{Gpt, GptConfig};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Mutex;
 use std::thread::JoinHandle;
@@ -21,50 +22,57 @@ use std::time::Instant;
 
 type B = Autodiff<Rtp<NdArray>>;
 
-/// A strategy as the benchmarks name it (RTP comes in two rotation modes).
+/// A strategy with the rotation mode it runs in: what the benchmarks compare (RTP comes in
+/// two rotation modes; the baselines ignore the mode).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub enum Variant {
-    /// One device.
-    Single,
-    /// Data parallelism.
-    Ddp,
-    /// ZeRO-3.
-    Fsdp,
-    /// RTP, double-buffered.
-    RtpOutOfPlace,
-    /// RTP, single buffer.
-    RtpInPlace,
+pub struct Variant {
+    /// The placement strategy.
+    pub strategy: Strategy,
+    /// The rotation mode (RTP only).
+    pub rotation: RotationMode,
 }
 
 impl Variant {
+    /// Data parallelism.
+    pub const DDP: Variant = Variant::of(Strategy::Ddp, RotationMode::OutOfPlace);
+    /// ZeRO-3.
+    pub const FSDP: Variant = Variant::of(Strategy::Fsdp, RotationMode::OutOfPlace);
+    /// RTP, double-buffered.
+    pub const RTP_OUT_OF_PLACE: Variant = Variant::of(Strategy::Rtp, RotationMode::OutOfPlace);
+    /// RTP, single buffer.
+    pub const RTP_IN_PLACE: Variant = Variant::of(Strategy::Rtp, RotationMode::InPlace);
     /// Every variant, baselines first.
-    pub const ALL: [Variant; 5] = [
-        Variant::Single,
-        Variant::Ddp,
-        Variant::Fsdp,
-        Variant::RtpOutOfPlace,
-        Variant::RtpInPlace,
+    pub const ALL: [Variant; 4] = [
+        Variant::DDP,
+        Variant::FSDP,
+        Variant::RTP_OUT_OF_PLACE,
+        Variant::RTP_IN_PLACE,
     ];
+
+    /// `strategy` in `rotation` (the baselines' mode is normalised, so equal runs compare
+    /// equal).
+    pub const fn of(strategy: Strategy, rotation: RotationMode) -> Self {
+        let rotation = match strategy {
+            Strategy::Rtp => rotation,
+            _ => RotationMode::OutOfPlace,
+        };
+        Variant { strategy, rotation }
+    }
+
+    /// The decorator's configuration of this variant on `ranks` ranks.
+    pub fn config(self, ranks: usize) -> burn_rtp::RtpConfig {
+        burn_rtp::RtpConfig::new(ranks)
+            .with_strategy(self.strategy)
+            .with_rotation(self.rotation)
+    }
 
     /// Short name for tables and bench ids.
     pub fn name(self) -> &'static str {
-        match self {
-            Variant::Single => "single",
-            Variant::Ddp => "ddp",
-            Variant::Fsdp => "fsdp",
-            Variant::RtpOutOfPlace => "rtp-oop",
-            Variant::RtpInPlace => "rtp-ip",
-        }
-    }
-
-    /// The trainer strategy and rotation mode of this variant.
-    pub fn strategy(self) -> (StrategyName, RotationMode) {
-        match self {
-            Variant::Single => (StrategyName::Single, RotationMode::OutOfPlace),
-            Variant::Ddp => (StrategyName::Ddp, RotationMode::OutOfPlace),
-            Variant::Fsdp => (StrategyName::Fsdp, RotationMode::OutOfPlace),
-            Variant::RtpOutOfPlace => (StrategyName::Rtp, RotationMode::OutOfPlace),
-            Variant::RtpInPlace => (StrategyName::Rtp, RotationMode::InPlace),
+        match (self.strategy, self.rotation) {
+            (Strategy::Ddp, _) => "ddp",
+            (Strategy::Fsdp, _) => "fsdp",
+            (Strategy::Rtp, RotationMode::OutOfPlace) => "rtp-oop",
+            (Strategy::Rtp, RotationMode::InPlace) => "rtp-ip",
         }
     }
 }
@@ -203,8 +211,7 @@ fn rank_loop(
 impl Driver {
     /// Starts the world of `case` and builds its model on every rank.
     pub fn start(case: Case) -> Result<Self, RtpError> {
-        let (strategy, rotation) = case.variant.strategy();
-        let mut config = strategy.rtp_config(case.ranks, rotation);
+        let mut config = case.variant.config(case.ranks);
         if let Some(cap) = case.memory_cap {
             config = config.with_memory_cap(cap);
         }

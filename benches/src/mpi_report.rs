@@ -69,8 +69,7 @@ struct RankFigures {
 pub fn worker(job: &Job) -> Result<(), String> {
     let launched =
         burn_rtp::transport::mpi_launch().ok_or("the MPI worker must be started by mpirun")?;
-    let (strategy, rotation) = job.variant.strategy();
-    let config = strategy.rtp_config(launched.size, rotation);
+    let config = job.variant.config(launched.size);
     let corpus = Corpus::load(None, job.model.seq).map_err(|e| e.to_string())?;
     let results = burn_rtp::launch::<NdArray, _, _>(config, |device| {
         B::seed(&device, 7);
@@ -218,7 +217,7 @@ impl MpiReportConfig {
 }
 
 /// The strategies of the MPI report, in their first order.
-const STRATEGIES: [Variant; 3] = [Variant::Ddp, Variant::Fsdp, Variant::RtpOutOfPlace];
+const STRATEGIES: [Variant; 3] = [Variant::DDP, Variant::FSDP, Variant::RTP_OUT_OF_PLACE];
 
 /// Runs `job` under `mpirun -np ranks` (optionally under `prlimit --as`); `Ok(None)` when the
 /// job failed, which the capacity search reads as "does not fit".
@@ -344,27 +343,27 @@ pub fn run(
         for n in [2, 4] {
             headline.insert(
                 format!("mpi_rtp_over_ddp_step_{c}_n{n}"),
-                json!(step(c, n, Variant::RtpOutOfPlace) / step(c, n, Variant::Ddp)),
+                json!(step(c, n, Variant::RTP_OUT_OF_PLACE) / step(c, n, Variant::DDP)),
             );
         }
         headline.insert(
             format!("mpi_rtp_over_fsdp_step_{c}_n4"),
-            json!(step(c, 4, Variant::RtpOutOfPlace) / step(c, 4, Variant::Fsdp)),
+            json!(step(c, 4, Variant::RTP_OUT_OF_PLACE) / step(c, 4, Variant::FSDP)),
         );
     }
     headline.insert(
         "mpi_rtp_over_ddp_rss_b_n4".into(),
-        json!(rss("b", 4, Variant::RtpOutOfPlace) / rss("b", 4, Variant::Ddp)),
+        json!(rss("b", 4, Variant::RTP_OUT_OF_PLACE) / rss("b", 4, Variant::DDP)),
     );
     headline.insert(
         "mpi_overlap_fraction_b_n4".into(),
-        json!(med("b", 4, Variant::RtpOutOfPlace, &|cell| &cell.overlap)),
+        json!(med("b", 4, Variant::RTP_OUT_OF_PLACE, &|cell| &cell.overlap)),
     );
 
     // Capacity: the largest candidate that trains 3 steps under the per-process limit.
     let capacity_n = 4;
     let mut capacity = Vec::new();
-    for variant in [Variant::Ddp, Variant::RtpOutOfPlace] {
+    for variant in [Variant::DDP, Variant::RTP_OUT_OF_PLACE] {
         let fits = |model: &GptConfig| -> Result<Option<usize>, String> {
             let job = Job {
                 variant,
@@ -474,12 +473,7 @@ pub fn planner_rows(
         let plan_config = burn_rtp::PlanConfig::default().with_batch(b);
         let planner = burn_rtp_examples::plan::probe_gpt::<NdArray>(&p.model, plan_config)?;
         for variant in STRATEGIES {
-            let (strategy, rotation) = match variant {
-                Variant::Ddp => (burn_rtp::Strategy::Ddp, burn_rtp::RotationMode::OutOfPlace),
-                Variant::Fsdp => (burn_rtp::Strategy::Fsdp, burn_rtp::RotationMode::OutOfPlace),
-                _ => (burn_rtp::Strategy::Rtp, burn_rtp::RotationMode::OutOfPlace),
-            };
-            let prediction = planner.predict(strategy, rotation, p.ranks, b);
+            let prediction = planner.predict(variant.strategy, variant.rotation, p.ranks, b);
             let predicted = prediction.total;
             let job = Job {
                 variant,

@@ -2,7 +2,7 @@
 //! planner's prediction (probed at N = 1 only) beside the ledger's peak of the same run.
 
 use crate::{Case, Driver, Variant};
-use burn_rtp::{human_bytes, PlanConfig, RotationMode, Strategy};
+use burn_rtp::{human_bytes, PlanConfig};
 use burn_rtp_examples::GptConfig;
 use serde::Serialize;
 use std::path::Path;
@@ -86,15 +86,6 @@ pub struct PlanRow {
     pub rel_error: f64,
 }
 
-fn variant(strategy: Strategy, rotation: RotationMode) -> Variant {
-    match (strategy, rotation) {
-        (Strategy::Ddp, _) => Variant::Ddp,
-        (Strategy::Fsdp, _) => Variant::Fsdp,
-        (Strategy::Rtp, RotationMode::OutOfPlace) => Variant::RtpOutOfPlace,
-        (Strategy::Rtp, RotationMode::InPlace) => Variant::RtpInPlace,
-    }
-}
-
 /// Predicts and measures every planned strategy at every grid point.
 pub fn run(
     grid: &[PlanPoint],
@@ -107,7 +98,7 @@ pub fn run(
         let planner =
             burn_rtp_examples::plan::probe_gpt::<burn::backend::NdArray>(&p.model, config)?;
         for (strategy, rotation) in burn_rtp::plan::PLANNED {
-            let v = variant(strategy, rotation);
+            let v = Variant::of(strategy, rotation);
             let predicted = planner.predict(strategy, rotation, p.ranks, b);
             let mut d = Driver::start(Case {
                 variant: v,

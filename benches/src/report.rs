@@ -198,13 +198,6 @@ fn worst(peaks: &[MemoryStats]) -> MemoryStats {
         })
 }
 
-fn variants_at(ranks: usize) -> Vec<Variant> {
-    Variant::ALL
-        .into_iter()
-        .filter(|v| ranks == 1 || *v != Variant::Single)
-        .collect()
-}
-
 /// Whether `model` trains two steps under the cap with `variant` on `ranks` ranks.
 fn fits(
     variant: Variant,
@@ -266,7 +259,7 @@ fn compare(cfg: &ReportConfig, log: &dyn Fn(&str)) -> Result<Vec<ComparisonRow>,
                 c.name
             ));
             let mut drivers = Vec::new();
-            for v in [Variant::Ddp, Variant::Fsdp, Variant::RtpOutOfPlace] {
+            for v in [Variant::DDP, Variant::FSDP, Variant::RTP_OUT_OF_PLACE] {
                 let mut d = Driver::start(Case {
                     variant: v,
                     ranks,
@@ -326,9 +319,9 @@ fn threshold_sweep(cfg: &ReportConfig, log: &dyn Fn(&str)) -> Result<Vec<Thresho
             memory_cap: None,
             shard_threshold: threshold,
         };
-        let mut drivers = vec![(0, Driver::start(case(Variant::Ddp, None))?)];
+        let mut drivers = vec![(0, Driver::start(case(Variant::DDP, None))?)];
         for &t in &cfg.thresholds {
-            drivers.push((t, Driver::start(case(Variant::RtpOutOfPlace, Some(t)))?));
+            drivers.push((t, Driver::start(case(Variant::RTP_OUT_OF_PLACE, Some(t)))?));
         }
         let mut samples: Vec<Vec<f64>> = vec![Vec::new(); drivers.len()];
         for _ in 0..cfg.repeats {
@@ -389,10 +382,10 @@ pub fn run(cfg: &ReportConfig, log: &dyn Fn(&str)) -> Result<Value, Box<dyn std:
     for &ranks in &cfg.ranks {
         log(&format!(
             "N = {ranks}: starting {} worlds",
-            variants_at(ranks).len()
+            Variant::ALL.len()
         ));
         let mut drivers = Vec::new();
-        for v in variants_at(ranks) {
+        for v in Variant::ALL {
             let mut d = Driver::start(Case {
                 variant: v,
                 ranks,
@@ -420,7 +413,7 @@ pub fn run(cfg: &ReportConfig, log: &dyn Fn(&str)) -> Result<Value, Box<dyn std:
         }
         let ddp_ms = drivers
             .iter()
-            .position(|(v, _)| *v == Variant::Ddp)
+            .position(|(v, _)| *v == Variant::DDP)
             .map(|i| median(&samples[i]) * 1e3)
             .unwrap_or(f64::NAN);
         let ideal = (params * 16 / ranks) as u64;
@@ -442,7 +435,7 @@ pub fn run(cfg: &ReportConfig, log: &dyn Fn(&str)) -> Result<Value, Box<dyn std:
                 step_ms_median: ms,
                 over_ddp: ratio(ms, ddp_ms),
             });
-            if ranks == 4 && *v == Variant::RtpOutOfPlace {
+            if ranks == 4 && *v == Variant::RTP_OUT_OF_PLACE {
                 let fractions: Vec<f64> = d
                     .timeline(1)?
                     .iter()
@@ -461,7 +454,7 @@ pub fn run(cfg: &ReportConfig, log: &dyn Fn(&str)) -> Result<Value, Box<dyn std:
     let syncs_linear_n4 = syncs_per_linear_backward(4)?;
     log("capacity search under the memory cap");
     let mut capacity_rows = Vec::new();
-    for v in [Variant::Ddp, Variant::Fsdp, Variant::RtpOutOfPlace] {
+    for v in [Variant::DDP, Variant::FSDP, Variant::RTP_OUT_OF_PLACE] {
         if let Some((m, p)) = capacity(v, 4, cfg)? {
             log(&format!(
                 "capacity {}: d_model {} x {} layers = {p} parameters",

@@ -4,7 +4,8 @@ use crate::error::{RtpError, RtpResult};
 use std::time::Duration;
 
 /// How weight shards travel around the ring.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum RotationMode {
     /// Double-buffered: the next shard is received while the current one computes.
     #[default]
@@ -36,7 +37,9 @@ impl std::fmt::Display for RotationMode {
 }
 
 /// How parameters are placed and moved: RTP, or one of the two baselines it is measured against.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// (Single-device training is `Ddp` on one rank: every parameter whole, nothing exchanged.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Strategy {
     /// Rotated Tensor Parallelism: shards rotate through every Linear and Embedding.
     #[default]

@@ -211,23 +211,24 @@ impl<B: Backend> RtpDevice<B> {
     }
 
     /// Runs `save` (which serialises records) so that every sharded tensor it reads yields
-    /// only this rank's shard, and returns the map needed to load them back.
+    /// only this rank's shard, and returns the map needed to load them back. The mode holds
+    /// for the calling thread only, which may be any thread (a checkpointer's).
     pub fn save_shards<T>(&self, save: impl FnOnce() -> T) -> crate::RtpResult<(T, ShardMap)> {
-        *self.ctx.shard_io.lock().unwrap() = ShardIo::Saving {
+        self.ctx.shard_io.set(ShardIo::Saving {
             map: ShardMap::default(),
             conflicts: Vec::new(),
-        };
+        });
         let out = save();
-        let io = std::mem::take(&mut *self.ctx.shard_io.lock().unwrap());
+        let io = self.ctx.shard_io.take();
         Ok((out, io.finish(self.ctx.rank)?))
     }
 
     /// Runs `load` (which deserialises records saved by [`save_shards`](Self::save_shards)) so
-    /// that the tensors it creates are this rank's shards again.
+    /// that the tensors it creates are this rank's shards again (on the calling thread).
     pub fn load_shards<T>(&self, map: &ShardMap, load: impl FnOnce() -> T) -> T {
-        *self.ctx.shard_io.lock().unwrap() = ShardIo::Loading(map.clone());
+        self.ctx.shard_io.set(ShardIo::Loading(map.clone()));
         let out = load();
-        *self.ctx.shard_io.lock().unwrap() = ShardIo::Off;
+        self.ctx.shard_io.set(ShardIo::Off);
         out
     }
 

@@ -7,7 +7,9 @@
 //! at save time rather than risked at load time.
 
 use crate::error::{RtpError, RtpResult};
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Mutex;
+use std::thread::ThreadId;
 
 /// Which full shape each saved shard shape stands for, and which shapes were replicated.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -25,6 +27,26 @@ impl ShardMap {
             .binary_search_by(|(s, _)| s.as_slice().cmp(shard))
             .ok()
             .map(|i| &self.sharded[i].1)
+    }
+
+    /// Adds every entry of `other` (the map of another record saved by the same rank), or
+    /// names the shapes the two maps disagree on.
+    pub fn merge(&mut self, other: &ShardMap) -> Result<(), String> {
+        for (shard, full) in &other.sharded {
+            self.insert(shard.clone(), full.clone())?;
+        }
+        self.replicated.extend(other.replicated.iter().cloned());
+        self.check()
+    }
+
+    /// Refuses a replicated tensor shaped like a shard: loading could not tell them apart.
+    fn check(&self) -> Result<(), String> {
+        match self.replicated.iter().find(|s| self.full_of(s).is_some()) {
+            Some(shape) => Err(format!(
+                "a replicated tensor has shape {shape:?}, which is also a shard shape"
+            )),
+            None => Ok(()),
+        }
     }
 
     fn insert(&mut self, shard: Vec<usize>, full: Vec<usize>) -> Result<(), String> {
@@ -77,12 +99,8 @@ impl ShardIo {
         let ShardIo::Saving { map, mut conflicts } = self else {
             return Ok(ShardMap::default());
         };
-        for shape in &map.replicated {
-            if map.full_of(shape).is_some() {
-                conflicts.push(format!(
-                    "a replicated tensor has shape {shape:?}, which is also a shard shape"
-                ));
-            }
+        if let Err(conflict) = map.check() {
+            conflicts.push(conflict);
         }
         if conflicts.is_empty() {
             Ok(map)
@@ -95,6 +113,40 @@ impl ShardIo {
                     conflicts.join("; ")
                 ),
             })
+        }
+    }
+}
+
+/// The shard IO modes of one rank, one per thread: a record may be written or read on a thread
+/// other than the rank's own (burn-train's checkpointer threads), while the rank's thread
+/// keeps training with ordinary reads.
+#[derive(Debug, Default)]
+pub(crate) struct ShardIoByThread(Mutex<HashMap<ThreadId, ShardIo>>);
+
+impl ShardIoByThread {
+    /// Sets the calling thread's mode.
+    pub(crate) fn set(&self, io: ShardIo) {
+        let id = std::thread::current().id();
+        let mut modes = self.0.lock().unwrap();
+        match io {
+            ShardIo::Off => modes.remove(&id),
+            io => modes.insert(id, io),
+        };
+    }
+
+    /// Takes the calling thread's mode, leaving it off.
+    pub(crate) fn take(&self) -> ShardIo {
+        let id = std::thread::current().id();
+        self.0.lock().unwrap().remove(&id).unwrap_or_default()
+    }
+
+    /// Runs `f` on the calling thread's mode.
+    pub(crate) fn with<T>(&self, f: impl FnOnce(&mut ShardIo) -> T) -> T {
+        let id = std::thread::current().id();
+        let mut modes = self.0.lock().unwrap();
+        match modes.get_mut(&id) {
+            Some(io) => f(io),
+            None => f(&mut ShardIo::Off),
         }
     }
 }

@@ -24,7 +24,7 @@ pub struct RankCtx<B: Backend> {
     param_stream: AtomicU64,
     seed: AtomicU64,
     fallbacks: Mutex<BTreeMap<String, u64>>,
-    pub(crate) shard_io: Mutex<crate::shard_io::ShardIo>,
+    pub(crate) shard_io: crate::shard_io::ShardIoByThread,
     pub(crate) timeline: crate::timeline::Timeline,
     /// Linear forwards awaiting their backward, and gradients computed ahead.
     pub(crate) pairing: Mutex<crate::linear_pairing::Pairing<B>>,
@@ -219,7 +219,7 @@ pub(crate) fn new_rank_ctx<B: Backend>(
         param_stream: AtomicU64::new(0),
         seed: AtomicU64::new(0),
         fallbacks: Mutex::new(BTreeMap::new()),
-        shard_io: Mutex::new(Default::default()),
+        shard_io: Default::default(),
         index_id,
     });
     registry().lock().unwrap().slots[index_id as usize] = Some(Box::new(Arc::downgrade(&ctx)));

@@ -1,20 +1,42 @@
 //! RTP training equals single-device training, step by step, for N in {1, 2, 3, 4, 8} and both
 //! rotation modes, on dimensions that N does not divide (d_model 36, d_ff 100, vocab 67).
+//!
+//! With `RTP_CHAOS_SEED` set, every world runs with the in-process transport's chaos mode
+//! (seeded delays and yields around each send, receive and hand-over), as the soak run in
+//! `.ci/soak-equivalence` does: a race then shows as a failed comparison, not a lucky pass.
 
 mod common;
 
 use burn::backend::{Autodiff, NdArray};
-use burn_rtp::{launch, Delivery, RotationMode, Rtp, RtpConfig, RtpOptimizer, Strategy};
+use burn_rtp::{launch, Chaos, Delivery, RotationMode, Rtp, RtpConfig, RtpOptimizer, Strategy};
 use common::*;
 
 type Ref = Autodiff<NdArray>;
 type Dist = Autodiff<Rtp<NdArray>>;
+
+/// Turns on the transport's chaos mode when `RTP_CHAOS_SEED` asks for it; each configuration
+/// draws its own perturbations from that seed and its label.
+fn stressed(config: RtpConfig, label: &str) -> RtpConfig {
+    match std::env::var("RTP_CHAOS_SEED")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+    {
+        Some(seed) => {
+            let salt = label.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+                (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+            });
+            config.with_chaos(Chaos::new(seed ^ salt))
+        }
+        None => config,
+    }
+}
 
 fn run_mlp_with(config: RtpConfig) {
     let label = format!(
         "N={} {} {}",
         config.world_size, config.strategy, config.rotation
     );
+    let config = stressed(config, &format!("mlp {label}"));
     let weights = mlp_weights(SEED);
     let (ref_losses, ref_params) = reference_mlp(&weights);
     let runs = rtp_mlp(config, &weights).expect("RTP run");
@@ -26,6 +48,7 @@ fn run_mlp_with(config: RtpConfig) {
 fn run_lm_with(config: RtpConfig) {
     let world = config.world_size;
     let label = format!("N={world} {} {}", config.strategy, config.rotation);
+    let config = stressed(config, &format!("lm {label}"));
     let device = Default::default();
     let weights = lm_weights(SEED);
     let reference = load_bytes(TinyLm::<Ref>::new(&device), &weights, &device);

@@ -12,11 +12,13 @@
 //!   their output (one scalar all-reduce, on the rank's thread), so the metrics report the
 //!   global loss, not rank 0's.
 //! * **Display.** Rank 0 gets a renderer that prints; the other ranks a silent one.
-//! * **Not used: the Learner's checkpointer.** burn-train writes checkpoints from its own
-//!   threads (one per record), while a sharded checkpoint is a collective of the ranks' own
-//!   threads (every rank must agree that every rank wrote). The model `launch` returns can be
-//!   saved with [`burn_rtp::checkpoint`]; the optimizer is not handed back, so resuming a
-//!   Learner run exactly is not supported yet (see the README).
+//! * **Checkpoints.** The Learner's own checkpointer writes them, through
+//!   [`RankRecorder`]: after each epoch every rank writes only its shards of the model and the
+//!   optimizer into the epoch's step folder under `<dir>/checkpoint`, and rank 0 writes the
+//!   manifest once all are there (the format of [`burn_rtp::checkpoint`], so it can be opened,
+//!   resharded and consolidated like any other). `resume_epoch` resumes through the Learner
+//!   (`SupervisedTraining::checkpoint`), and the batcher continues from that epoch's first step,
+//!   so training continues bit for bit.
 
 use crate::data::{Corpus, Windows};
 use crate::model::{Gpt, GptConfig};
@@ -25,6 +27,7 @@ use burn::data::dataloader::DataLoaderBuilder;
 use burn::data::dataset::InMemDataset;
 use burn::optim::AdamConfig;
 use burn::prelude::*;
+use burn::train::checkpoint::KeepLastNCheckpoints;
 use burn::train::metric::{Adaptor, LossInput, LossMetric, MetricDefinition, MetricEntry};
 use burn::train::renderer::{
     EvaluationName, EvaluationProgress, MetricState, MetricsRenderer, MetricsRendererEvaluation,
@@ -33,6 +36,7 @@ use burn::train::renderer::{
 use burn::train::{
     ExecutionStrategy, InferenceStep, ItemLazy, Learner, SupervisedTraining, TrainOutput, TrainStep,
 };
+use burn_rtp::checkpoint::RankRecorder;
 use burn_rtp::{Rtp, RtpConfig, RtpDevice, RtpOptimizer};
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -161,8 +165,14 @@ pub struct LearnerConfig {
     pub seed: u64,
     /// Parameters below this many elements are replicated (`None`: the library's default).
     pub shard_threshold: Option<usize>,
-    /// Where burn-train writes its logs (one folder per rank).
+    /// Where burn-train writes its logs (one folder per rank) and the checkpoints
+    /// (`<dir>/checkpoint`, shared by the ranks).
     pub dir: PathBuf,
+    /// Write a sharded checkpoint after every epoch (keeping the newest two).
+    pub checkpoints: bool,
+    /// Resume from the checkpoint of this epoch (written by an earlier run with the same
+    /// settings and `dir`); training continues with the next epoch.
+    pub resume_epoch: Option<usize>,
     /// Whether rank 0 prints its progress.
     pub verbose: bool,
 }
@@ -177,17 +187,43 @@ pub struct LearnerOutcome {
     pub val_losses: Vec<f64>,
 }
 
+/// Why a Learner run could not start or finish.
+#[derive(Debug, thiserror::Error)]
+pub enum LearnerError {
+    /// The corpus could not be loaded.
+    #[error("corpus: {0}")]
+    Corpus(String),
+    /// The checkpoint to resume from is missing, corrupt or of another world.
+    #[error("resume from epoch {epoch}: {source}")]
+    Resume {
+        /// The epoch asked for.
+        epoch: usize,
+        /// Why it cannot be used.
+        source: burn_rtp::checkpoint::CheckpointError,
+    },
+    /// A rank failed.
+    #[error(transparent)]
+    Rtp(#[from] burn_rtp::RtpError),
+}
+
 /// Trains under `cfg` with one Learner per rank and returns rank 0's record of the losses.
-pub fn train_with_learner(cfg: &LearnerConfig) -> Result<LearnerOutcome, burn_rtp::RtpError> {
-    let corpus = Arc::new(Corpus::load(None, cfg.model.seq).map_err(|e| {
-        burn_rtp::RtpError::WorldEnded {
-            reason: e.to_string(),
-        }
-    })?);
+pub fn train_with_learner(cfg: &LearnerConfig) -> Result<LearnerOutcome, LearnerError> {
+    let corpus = Arc::new(
+        Corpus::load(None, cfg.model.seq).map_err(|e| LearnerError::Corpus(e.to_string()))?,
+    );
     let world = RtpConfig::new(cfg.ranks).with_shard_threshold(
         cfg.shard_threshold
             .unwrap_or(burn_rtp::DEFAULT_SHARD_THRESHOLD),
     );
+    if let Some(epoch) = cfg.resume_epoch {
+        // Refused here, before any rank starts, rather than as a panic inside the Learner.
+        let step = (epoch * cfg.steps_per_epoch) as u64;
+        let dir = burn_rtp::checkpoint::step_dir(&checkpoint_root(&cfg.dir), step);
+        burn_rtp::checkpoint::Checkpoint::open(&dir)
+            .and_then(|c| c.check_config(&world))
+            .map_err(|source| LearnerError::Resume { epoch, source })?;
+    }
+    let first_step = cfg.resume_epoch.unwrap_or(0) * cfg.steps_per_epoch;
     let outcomes = burn_rtp::launch(world, |device: RtpDevice<I>| {
         LearnerBackend::seed(&device, cfg.seed);
         let batcher = |val_batches| SliceBatcher {
@@ -196,7 +232,7 @@ pub fn train_with_learner(cfg: &LearnerConfig) -> Result<LearnerOutcome, burn_rt
             batch: cfg.batch,
             seq: cfg.model.seq,
             val_batches,
-            next_step: Arc::new(AtomicUsize::new(0)),
+            next_step: Arc::new(AtomicUsize::new(first_step)),
         };
         // Each epoch walks `steps_per_epoch` items; the batcher numbers the steps.
         let train = DataLoaderBuilder::<LearnerBackend, _, _>::new(batcher(None))
@@ -218,7 +254,7 @@ pub fn train_with_learner(cfg: &LearnerConfig) -> Result<LearnerOutcome, burn_rt
             print: cfg.verbose && device.rank() == 0,
             steps_per_epoch: cfg.steps_per_epoch,
         };
-        let training = SupervisedTraining::new(
+        let mut training = SupervisedTraining::new(
             cfg.dir.join(format!("rank-{}", device.rank())),
             train,
             valid,
@@ -229,6 +265,19 @@ pub fn train_with_learner(cfg: &LearnerConfig) -> Result<LearnerOutcome, burn_rt
         .num_epochs(cfg.epochs)
         .with_application_logger(None)
         .renderer(renderer);
+        if cfg.checkpoints || cfg.resume_epoch.is_some() {
+            // Every rank saves the same epochs: the strategy decides from the epoch alone.
+            training = training
+                .with_file_checkpointer(
+                    RankRecorder::new(device.clone(), checkpoint_root(&cfg.dir))
+                        .with_steps_per_epoch(cfg.steps_per_epoch)
+                        .with_keep_last(2),
+                )
+                .with_checkpointing_strategy(KeepLastNCheckpoints::new(2));
+        }
+        if let Some(epoch) = cfg.resume_epoch {
+            training = training.checkpoint(epoch);
+        }
         let model = cfg.model.init::<LearnerBackend>(&device);
         let optim =
             RtpOptimizer::new(AdamConfig::new().init::<LearnerBackend, Gpt<LearnerBackend>>());
@@ -246,6 +295,11 @@ pub fn train_with_learner(cfg: &LearnerConfig) -> Result<LearnerOutcome, burn_rt
         }
     })?;
     Ok(outcomes.into_iter().next().unwrap_or_default())
+}
+
+/// Where a Learner run under `dir` writes its sharded checkpoints.
+pub fn checkpoint_root(dir: &std::path::Path) -> PathBuf {
+    dir.join("checkpoint")
 }
 
 /// The losses the renderer saw.

@@ -13,10 +13,11 @@ pub mod schedule;
 pub mod signals;
 pub mod trainer;
 
+pub use burn_rtp::Strategy;
 pub use checkpoint::{consolidate_checkpoint, CheckpointError, Manifest};
 pub use data::{Corpus, DataError};
 pub use model::{Gpt, GptConfig};
 pub use report::{PeakBytes, Report};
 pub use schedule::{LrSchedule, Schedule};
 pub use signals::stop_on_signals;
-pub use trainer::{train, Progress, StrategyName, TrainConfig, TrainError, TrainOutcome};
+pub use trainer::{train, Progress, TrainConfig, TrainError, TrainOutcome};

@@ -19,75 +19,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use thiserror::Error;
 
-/// How the model is trained.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StrategyName {
-    /// One device, no parallelism.
-    Single,
-    /// Replicated parameters, all-reduced gradients.
-    Ddp,
-    /// ZeRO-3: gathered before use, gradients reduce-scattered.
-    Fsdp,
-    /// Rotated Tensor Parallelism.
-    Rtp,
-}
-
-impl std::str::FromStr for StrategyName {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "single" => Ok(Self::Single),
-            "ddp" => Ok(Self::Ddp),
-            "fsdp" => Ok(Self::Fsdp),
-            "rtp" => Ok(Self::Rtp),
-            other => Err(format!(
-                "unknown strategy `{other}`: expected single, ddp, fsdp or rtp"
-            )),
-        }
-    }
-}
-
-impl std::fmt::Display for StrategyName {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::Single => "single",
-            Self::Ddp => "ddp",
-            Self::Fsdp => "fsdp",
-            Self::Rtp => "rtp",
-        })
-    }
-}
-
-impl StrategyName {
-    /// Ranks this strategy runs on when `ranks` were asked for.
-    pub fn world_size(self, ranks: usize) -> usize {
-        if self == Self::Single {
-            1
-        } else {
-            ranks
-        }
-    }
-
-    /// The decorator's configuration for this strategy. `single` is one rank holding every
-    /// parameter whole, which runs exactly the inner backend's ops.
-    pub fn rtp_config(self, ranks: usize, rotation: RotationMode) -> RtpConfig {
-        let strategy = match self {
-            Self::Single | Self::Ddp => Strategy::Ddp,
-            Self::Fsdp => Strategy::Fsdp,
-            Self::Rtp => Strategy::Rtp,
-        };
-        RtpConfig::new(self.world_size(ranks))
-            .with_strategy(strategy)
-            .with_rotation(rotation)
-    }
-}
-
 /// Everything a training run needs.
 #[derive(Debug, Clone)]
 pub struct TrainConfig {
-    /// Strategy.
-    pub strategy: StrategyName,
-    /// Ranks (ignored by `single`).
+    /// Strategy (single-device training is `Ddp` on one rank).
+    pub strategy: Strategy,
+    /// Ranks.
     pub ranks: usize,
     /// Rotation mode (RTP only).
     pub rotation: RotationMode,
@@ -141,7 +78,7 @@ pub struct TrainConfig {
 
 impl TrainConfig {
     /// The defaults of the example's command line.
-    pub fn new(strategy: StrategyName, ranks: usize) -> Self {
+    pub fn new(strategy: Strategy, ranks: usize) -> Self {
         Self {
             strategy,
             ranks,
@@ -230,7 +167,7 @@ impl TrainConfig {
                 self.warmup_steps, self.steps
             ));
         }
-        let world = self.strategy.world_size(self.ranks);
+        let world = self.ranks;
         if world == 0 {
             return bad("--ranks must be at least 1".into());
         }
@@ -421,6 +358,262 @@ fn median(values: &[f64]) -> f64 {
     v[v.len() / 2]
 }
 
+/// The optimizer every rank runs: Burn's Adam behind [`RtpOptimizer`].
+type Optim<I> =
+    RtpOptimizer<burn::optim::adaptor::OptimizerAdaptor<burn::optim::Adam, Gpt<Ad<I>>, Ad<I>>>;
+
+/// What a rank trains from: the model, its optimizer and the learning-rate schedule.
+type Start<I> = (Gpt<Ad<I>>, Optim<I>, Schedule);
+
+/// What every rank of one run shares: the settings, the data and where training starts.
+struct RankJob<'a> {
+    cfg: &'a TrainConfig,
+    corpus: &'a Corpus,
+    resume: Option<&'a burn_rtp::checkpoint::Checkpoint>,
+    schedule: &'a Schedule,
+    /// The steps of this run (a resumed run starts at the checkpoint's step).
+    steps: std::ops::Range<usize>,
+    /// Sequences per rank and step.
+    per: usize,
+    progress: Option<&'a dyn Progress>,
+}
+
+/// What a rank has recorded so far.
+#[derive(Default)]
+struct RankLog {
+    losses: Vec<f32>,
+    step_ms: Vec<f64>,
+    trained_s: f64,
+    val: f32,
+    checkpoint: Option<PathBuf>,
+    saved_at: Option<usize>,
+    stopped_at: Option<usize>,
+    failure: Option<(burn_rtp::RtpError, usize)>,
+}
+
+impl RankJob<'_> {
+    /// One rank's whole run: set up, train step by step, then evaluate, save and report.
+    fn run<I: Backend>(&self, device: RtpDevice<I>) -> Result<RankResult, TrainError> {
+        let cfg = self.cfg;
+        let (mut model, mut optim, mut schedule) = self.set_up(&device)?;
+        let initial_val = evaluate(&model.valid(), self.corpus, cfg, &device);
+        let mut log = RankLog {
+            val: initial_val,
+            ..RankLog::default()
+        };
+        for step in self.steps.clone() {
+            let t0 = Instant::now();
+            let done = step + 1;
+            // The lines of an ordinary Burn training step: this rank's slice of the batch,
+            // the loss, backward, and the update through `RtpOptimizer`.
+            let (x, y) = Windows::train(
+                self.corpus,
+                cfg.seed,
+                step,
+                self.rows(device.rank()),
+                cfg.model.seq,
+            )
+            .tensors::<Ad<I>>(&device);
+            let loss = model.loss(x, y);
+            let mean = match self.global_loss(&device, &loss, done) {
+                Ok(mean) => mean,
+                Err(e) => {
+                    log.failure = Some((e, step));
+                    break;
+                }
+            };
+            let lr = schedule.next().expect("a schedule never ends");
+            let grads = GradientsParams::from_grads(loss.backward(), &model);
+            model = optim.step(lr, model, grads);
+            if let Err(e) = check_grad_norm(&device, &optim, done) {
+                log.failure = Some((e, step));
+                break;
+            }
+            let dt = t0.elapsed().as_secs_f64();
+            log.trained_s += dt;
+            log.step_ms.push(dt * 1e3);
+            log.losses.push(mean);
+            self.after_step(&device, &model, &optim, done, lr, &mut log)?;
+            // Ranks see a signal at different moments; they agree to stop after one step.
+            if let Some(stop) = &cfg.stop {
+                if done != self.steps.end && device.any_rank(stop.load(Ordering::SeqCst)) {
+                    log.stopped_at = Some(done);
+                    break;
+                }
+            }
+        }
+        self.finish(&device, model, &optim, initial_val, log)
+    }
+
+    /// This rank's rows of each step's global batch.
+    fn rows(&self, rank: usize) -> std::ops::Range<usize> {
+        rank * self.per..(rank + 1) * self.per
+    }
+
+    /// Agrees on the settings, then builds the model and optimizer (loading the initial
+    /// weights or the checkpoint to resume from) and the learning-rate schedule.
+    fn set_up<I: Backend>(&self, device: &RtpDevice<I>) -> Result<Start<I>, TrainError> {
+        let cfg = self.cfg;
+        device.agree(&cfg.shared_settings())?;
+        Ad::<I>::seed(device, cfg.seed);
+        device.reset_memory_peak();
+        let mut model = cfg.model.init::<Ad<I>>(device);
+        let mut optim = RtpOptimizer::new(AdamConfig::new().init::<Ad<I>, Gpt<Ad<I>>>());
+        if let Some(max) = cfg.clip_grad_norm {
+            optim = optim.with_clip_grad_norm(max);
+        }
+        if let Some(path) = &cfg.init {
+            model = checkpoint::load_full_into(path, model, device)?;
+        }
+        if let Some(ckpt) = self.resume {
+            (model, optim) = ckpt.load(device, model, optim)?;
+        }
+        Ok((model, optim, self.schedule.clone()))
+    }
+
+    /// The mean of the ranks' losses; every rank learns of a bad loss on any rank here,
+    /// before the update.
+    fn global_loss<I: Backend>(
+        &self,
+        device: &RtpDevice<I>,
+        loss: &Tensor<Ad<I>, 1>,
+        done: usize,
+    ) -> Result<f32, burn_rtp::RtpError> {
+        let mut local = loss.clone().into_scalar().elem::<f32>();
+        if self.cfg.inject_non_finite_loss == Some((done, device.rank())) {
+            local = f32::NAN;
+        }
+        device.check_finite(done as u64, "loss", local)
+    }
+
+    /// Evaluation, a periodic checkpoint and rank 0's progress, as the settings ask.
+    fn after_step<I: Backend>(
+        &self,
+        device: &RtpDevice<I>,
+        model: &Gpt<Ad<I>>,
+        optim: &Optim<I>,
+        done: usize,
+        lr: f64,
+        log: &mut RankLog,
+    ) -> Result<(), TrainError> {
+        let cfg = self.cfg;
+        let end = self.steps.end;
+        if cfg.eval_every > 0 && done.is_multiple_of(cfg.eval_every) && done != end {
+            log.val = evaluate(&model.valid(), self.corpus, cfg, device);
+        }
+        if let Some(root) = &cfg.checkpoint_dir {
+            if cfg.checkpoint_every > 0 && done.is_multiple_of(cfg.checkpoint_every) && done != end
+            {
+                log.checkpoint = Some(checkpoint::save(
+                    device,
+                    root,
+                    done,
+                    &cfg.fields(),
+                    model,
+                    optim,
+                )?);
+                log.saved_at = Some(done);
+            }
+        }
+        if let (0, Some(p)) = (device.rank(), self.progress) {
+            p.on_step(&StepEvent {
+                step: done,
+                total: end,
+                train_loss: *log.losses.last().expect("a step was recorded"),
+                lr,
+                grad_norm: optim.last_grad_norm().map(|n| n.norm),
+                val_loss: log.val,
+                tokens_per_s: (done - self.steps.start) as f64 * (cfg.batch * cfg.model.seq) as f64
+                    / log.trained_s,
+                peak: device.memory_peak(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The end of a rank's run: final evaluation and checkpoint, every rank's memory, and a
+    /// sample (a failed run skips them and reports its failure).
+    fn finish<I: Backend>(
+        &self,
+        device: &RtpDevice<I>,
+        model: Gpt<Ad<I>>,
+        optim: &Optim<I>,
+        initial_val: f32,
+        mut log: RankLog,
+    ) -> Result<RankResult, TrainError> {
+        let cfg = self.cfg;
+        let mut result = RankResult {
+            rank: device.rank(),
+            losses: std::mem::take(&mut log.losses),
+            step_ms: std::mem::take(&mut log.step_ms),
+            initial_val,
+            final_val: f32::NAN,
+            params: model.num_params(),
+            memory: Vec::new(),
+            sample: String::new(),
+            checkpoint: log.checkpoint.take(),
+            stopped_at: log.stopped_at,
+            failure: log.failure.take(),
+        };
+        if result.failure.is_some() {
+            return Ok(result);
+        }
+        result.final_val = evaluate(&model.valid(), self.corpus, cfg, device);
+        let last = log.stopped_at.unwrap_or(self.steps.end);
+        if let Some(root) = &cfg.checkpoint_dir {
+            if log.saved_at != Some(last) {
+                result.checkpoint = Some(checkpoint::save(
+                    device,
+                    root,
+                    last,
+                    &cfg.fields(),
+                    &model,
+                    optim,
+                )?);
+            }
+        }
+        let own = RankMemory {
+            ledger: PeakBytes::from(device.memory_peak()),
+            rss: burn_rtp::peak_rss_bytes().unwrap_or(0),
+        };
+        result.memory = device.all_gather_json(&own);
+        // A stopped run was asked to end soon: it skips the sample.
+        if cfg.sample_bytes > 0 && log.stopped_at.is_none() {
+            result.sample = sample(
+                &model.valid(),
+                device,
+                "CYNIC, n.",
+                cfg.sample_bytes,
+                cfg.model.seq,
+                cfg.seed,
+            );
+        }
+        Ok(result)
+    }
+}
+
+/// A non-finite gradient norm (the optimizer skipped the update), traced to the rank it came
+/// from.
+fn check_grad_norm<I: Backend>(
+    device: &RtpDevice<I>,
+    optim: &Optim<I>,
+    done: usize,
+) -> Result<(), burn_rtp::RtpError> {
+    let Some(n) = optim.last_grad_norm().filter(|n| !n.norm.is_finite()) else {
+        return Ok(());
+    };
+    Err(device
+        .check_finite(done as u64, "gradient norm", n.local_sum_of_squares)
+        .err()
+        .unwrap_or(burn_rtp::RtpError::NonFinite {
+            rank: device.rank(),
+            step: done as u64,
+            what: "gradient norm".into(),
+            bad_rank: 0,
+            value: n.norm.to_string(),
+        }))
+}
+
 /// Trains a GPT under `cfg` on the inner backend `I` and returns the outcome.
 pub fn train<I: Backend>(
     cfg: &TrainConfig,
@@ -428,11 +621,11 @@ pub fn train<I: Backend>(
     progress: Option<&dyn Progress>,
 ) -> Result<TrainOutcome, TrainError> {
     cfg.validate()?;
-    let world = cfg.strategy.world_size(cfg.ranks);
+    let world = cfg.ranks;
     let corpus = Corpus::load(cfg.data.as_deref(), cfg.model.seq)?;
-    let mut rtp = cfg
-        .strategy
-        .rtp_config(cfg.ranks, cfg.rotation)
+    let mut rtp = RtpConfig::new(world)
+        .with_strategy(cfg.strategy)
+        .with_rotation(cfg.rotation)
         .with_shard_threshold(cfg.threshold());
     let resume = match &cfg.resume {
         Some(path) => Some(checkpoint::open_for(path, &rtp, &cfg.fields())?),
@@ -451,171 +644,17 @@ pub fn train<I: Backend>(
     if let Some(timeout) = cfg.peer_timeout {
         rtp = rtp.with_peer_timeout(timeout);
     }
+    let job = RankJob {
+        cfg,
+        corpus: &corpus,
+        resume: resume.as_ref(),
+        schedule: &schedule,
+        steps: start..end,
+        per,
+        progress,
+    };
     let results = burn_rtp::try_launch_on::<I, _, TrainError, _>(rtp, &inner_device, |device| {
-        device.agree(&cfg.shared_settings())?;
-        Ad::<I>::seed(&device, cfg.seed);
-        device.reset_memory_peak();
-        let rank = device.rank();
-        let mut model = cfg.model.init::<Ad<I>>(&device);
-        let mut optim = RtpOptimizer::new(AdamConfig::new().init::<Ad<I>, Gpt<Ad<I>>>());
-        if let Some(max) = cfg.clip_grad_norm {
-            optim = optim.with_clip_grad_norm(max);
-        }
-        let mut schedule = schedule.clone();
-        if let Some(path) = &cfg.init {
-            model = checkpoint::load_full_into(path, model, &device)?;
-        }
-        if let Some(ckpt) = &resume {
-            (model, optim) = ckpt.load(&device, model, optim)?;
-        }
-        let initial_val = evaluate(&model.valid(), &corpus, cfg, &device);
-        let mut val = initial_val;
-        let mut losses = Vec::with_capacity(cfg.steps);
-        let mut step_ms = Vec::with_capacity(cfg.steps);
-        let mut checkpoint = None;
-        let mut saved_at = None;
-        let mut trained_s = 0.0;
-        let mut stopped_at = None;
-        let mut failure = None;
-        for step in start..end {
-            let t0 = Instant::now();
-            let done = step + 1;
-            let rows = rank * per..(rank + 1) * per;
-            let (x, y) = Windows::train(&corpus, cfg.seed, step, rows, cfg.model.seq)
-                .tensors::<Ad<I>>(&device);
-            let loss = model.loss(x, y);
-            let mut local = loss.clone().into_scalar().elem::<f32>();
-            if cfg.inject_non_finite_loss == Some((done, rank)) {
-                local = f32::NAN;
-            }
-            // Every rank learns of a bad loss on any rank here, before the update.
-            let mean = match device.check_finite(done as u64, "loss", local) {
-                Ok(mean) => mean,
-                Err(e) => {
-                    failure = Some((e, step));
-                    break;
-                }
-            };
-            let lr = schedule.next().expect("a schedule never ends");
-            let grads = GradientsParams::from_grads(loss.backward(), &model);
-            model = optim.step(lr, model, grads);
-            let grad_norm = optim.last_grad_norm();
-            if let Some(n) = grad_norm.filter(|n| !n.norm.is_finite()) {
-                // The optimizer skipped the update; find the rank the bad value came from.
-                let err = device
-                    .check_finite(done as u64, "gradient norm", n.local_sum_of_squares)
-                    .err()
-                    .unwrap_or(burn_rtp::RtpError::NonFinite {
-                        rank,
-                        step: done as u64,
-                        what: "gradient norm".into(),
-                        bad_rank: 0,
-                        value: n.norm.to_string(),
-                    });
-                failure = Some((err, step));
-                break;
-            }
-            let dt = t0.elapsed().as_secs_f64();
-            trained_s += dt;
-            step_ms.push(dt * 1e3);
-            losses.push(mean);
-            if cfg.eval_every > 0 && done % cfg.eval_every == 0 && done != end {
-                val = evaluate(&model.valid(), &corpus, cfg, &device);
-            }
-            if let Some(root) = &cfg.checkpoint_dir {
-                if cfg.checkpoint_every > 0 && done % cfg.checkpoint_every == 0 && done != end {
-                    checkpoint = Some(checkpoint::save(
-                        &device,
-                        root,
-                        done,
-                        &cfg.fields(),
-                        &model,
-                        &optim,
-                    )?);
-                    saved_at = Some(done);
-                }
-            }
-            if let (0, Some(p)) = (rank, progress) {
-                p.on_step(&StepEvent {
-                    step: done,
-                    total: end,
-                    train_loss: mean,
-                    lr,
-                    grad_norm: grad_norm.map(|n| n.norm),
-                    val_loss: val,
-                    tokens_per_s: (done - start) as f64 * (cfg.batch * cfg.model.seq) as f64
-                        / trained_s,
-                    peak: device.memory_peak(),
-                });
-            }
-            // Ranks see a signal at different moments; they agree to stop after one step.
-            if let Some(stop) = &cfg.stop {
-                if done != end && device.any_rank(stop.load(Ordering::SeqCst)) {
-                    stopped_at = Some(done);
-                    break;
-                }
-            }
-        }
-        if let Some((error, step)) = failure {
-            return Ok(RankResult {
-                rank,
-                losses,
-                step_ms,
-                initial_val,
-                final_val: f32::NAN,
-                params: model.num_params(),
-                memory: Vec::new(),
-                sample: String::new(),
-                checkpoint,
-                stopped_at,
-                failure: Some((error, step)),
-            });
-        }
-        let final_val = evaluate(&model.valid(), &corpus, cfg, &device);
-        let last = stopped_at.unwrap_or(end);
-        if let Some(root) = &cfg.checkpoint_dir {
-            if saved_at != Some(last) {
-                checkpoint = Some(checkpoint::save(
-                    &device,
-                    root,
-                    last,
-                    &cfg.fields(),
-                    &model,
-                    &optim,
-                )?);
-            }
-        }
-        let own = RankMemory {
-            ledger: PeakBytes::from(device.memory_peak()),
-            rss: burn_rtp::peak_rss_bytes().unwrap_or(0),
-        };
-        let memory = device.all_gather_json(&own);
-        // A stopped run was asked to end soon: it skips the sample.
-        let text = if cfg.sample_bytes > 0 && stopped_at.is_none() {
-            sample(
-                &model.valid(),
-                &device,
-                "CYNIC, n.",
-                cfg.sample_bytes,
-                cfg.model.seq,
-                cfg.seed,
-            )
-        } else {
-            String::new()
-        };
-        Ok(RankResult {
-            rank,
-            losses,
-            step_ms,
-            initial_val,
-            final_val,
-            params: model.num_params(),
-            memory,
-            sample: text,
-            checkpoint,
-            stopped_at,
-            failure: None,
-        })
+        job.run(device)
     })?;
     let first = &results[0];
     if let Some((error, last_good)) = &first.failure {

@@ -7,20 +7,16 @@ use burn::backend::NdArray;
 use burn_rtp_examples::checkpoint::{
     consolidate_checkpoint, load_consolidated, Checkpoint, CheckpointError,
 };
-use burn_rtp_examples::{train, DataError, StrategyName, TrainError};
+use burn_rtp_examples::{train, DataError, Strategy, TrainError};
 use common::*;
 
 #[test]
 fn resuming_equals_uninterrupted_training_and_consolidation_loads_into_single_device() {
     let dir = temp_dir("resume");
-    let straight = train::<NdArray>(
-        &tiny(StrategyName::Rtp, 3, 20),
-        |_| Default::default(),
-        None,
-    )
-    .unwrap();
+    let straight =
+        train::<NdArray>(&tiny(Strategy::Rtp, 3, 20), |_| Default::default(), None).unwrap();
 
-    let mut first = tiny(StrategyName::Rtp, 3, 10);
+    let mut first = tiny(Strategy::Rtp, 3, 10);
     first.checkpoint_dir = Some(dir.join("ckpt"));
     let a = train::<NdArray>(&first, |_| Default::default(), None).unwrap();
     let checkpoint = a.checkpoint.clone().expect("a checkpoint was written");
@@ -41,7 +37,7 @@ fn resuming_equals_uninterrupted_training_and_consolidation_loads_into_single_de
         .to_string_lossy()
         .starts_with(".tmp")));
 
-    let mut second = tiny(StrategyName::Rtp, 3, 10);
+    let mut second = tiny(Strategy::Rtp, 3, 10);
     second.resume = Some(dir.join("ckpt"));
     second.checkpoint_dir = Some(dir.join("ckpt"));
     let b = train::<NdArray>(&second, |_| Default::default(), None).unwrap();
@@ -62,7 +58,7 @@ fn resuming_equals_uninterrupted_training_and_consolidation_loads_into_single_de
     let out = dir.join("full.mpk");
     let manifest = consolidate_checkpoint(b.checkpoint.as_ref().unwrap(), &out).unwrap();
     assert_eq!(manifest.step, 20);
-    let cfg = tiny(StrategyName::Rtp, 3, 20);
+    let cfg = tiny(Strategy::Rtp, 3, 20);
     let single = load_consolidated::<NdArray>(&out, &cfg.model, &Default::default()).unwrap();
     let val = reference_val_loss(&cfg, &single);
     assert!(
@@ -76,13 +72,13 @@ fn resuming_equals_uninterrupted_training_and_consolidation_loads_into_single_de
 #[test]
 fn bad_checkpoints_are_refused() {
     let dir = temp_dir("bad-ckpt");
-    let mut cfg = tiny(StrategyName::Rtp, 2, 2);
+    let mut cfg = tiny(Strategy::Rtp, 2, 2);
     cfg.checkpoint_dir = Some(dir.join("ckpt"));
     let out = train::<NdArray>(&cfg, |_| Default::default(), None).unwrap();
     let ckpt = out.checkpoint.unwrap();
 
     // World size mismatch.
-    let mut wrong = tiny(StrategyName::Rtp, 4, 2);
+    let mut wrong = tiny(Strategy::Rtp, 4, 2);
     wrong.resume = Some(ckpt.clone());
     let err = train::<NdArray>(&wrong, |_| Default::default(), None).unwrap_err();
     assert!(
@@ -91,7 +87,7 @@ fn bad_checkpoints_are_refused() {
     );
 
     // Config mismatch.
-    let mut wrong = tiny(StrategyName::Rtp, 2, 2);
+    let mut wrong = tiny(Strategy::Rtp, 2, 2);
     wrong.model.d_model = 24;
     wrong.resume = Some(ckpt.clone());
     let err = train::<NdArray>(&wrong, |_| Default::default(), None).unwrap_err();
@@ -110,7 +106,7 @@ fn bad_checkpoints_are_refused() {
     let mid = corrupt.len() / 2;
     corrupt[mid] ^= 0xff;
     std::fs::write(&shard, &corrupt).unwrap();
-    let mut resume = tiny(StrategyName::Rtp, 2, 2);
+    let mut resume = tiny(Strategy::Rtp, 2, 2);
     resume.resume = Some(ckpt.clone());
     resume.checkpoint_dir = Some(dir.join("ckpt"));
     let err = train::<NdArray>(&resume, |_| Default::default(), None).unwrap_err();
@@ -128,7 +124,7 @@ fn bad_checkpoints_are_refused() {
 #[test]
 fn bad_data_is_refused() {
     let dir = temp_dir("bad-data");
-    let mut cfg = tiny(StrategyName::Rtp, 2, 1);
+    let mut cfg = tiny(Strategy::Rtp, 2, 1);
     cfg.data = Some(dir.join("missing.txt"));
     let err = train::<NdArray>(&cfg, |_| Default::default(), None).unwrap_err();
     assert!(
@@ -159,7 +155,7 @@ fn bad_data_is_refused() {
         "{err}"
     );
 
-    let mut cfg = tiny(StrategyName::Rtp, 5, 1);
+    let mut cfg = tiny(Strategy::Rtp, 5, 1);
     cfg.batch = 12;
     let err = train::<NdArray>(&cfg, |_| Default::default(), None).unwrap_err();
     assert!(err.to_string().contains("multiple of the 5 ranks"), "{err}");

@@ -6,11 +6,11 @@ use burn::module::AutodiffModule;
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::tensor::ElementConversion;
 use burn_rtp_examples::data::{Corpus, Windows};
-use burn_rtp_examples::{GptConfig, StrategyName, TrainConfig};
+use burn_rtp_examples::{GptConfig, Strategy, TrainConfig};
 
 pub type Plain = Autodiff<NdArray>;
 
-pub fn tiny(strategy: StrategyName, ranks: usize, steps: usize) -> TrainConfig {
+pub fn tiny(strategy: Strategy, ranks: usize, steps: usize) -> TrainConfig {
     let mut cfg = TrainConfig::new(strategy, ranks);
     cfg.steps = steps;
     cfg.batch = 12;

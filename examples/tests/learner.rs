@@ -4,13 +4,16 @@
 mod common;
 
 use burn::backend::NdArray;
-use burn_rtp_examples::learner::{train_with_learner, LearnerConfig};
-use burn_rtp_examples::{train, StrategyName};
+use burn_rtp::checkpoint::{step_dir, Checkpoint};
+use burn_rtp_examples::learner::{
+    checkpoint_root, train_with_learner, LearnerConfig, LearnerError,
+};
+use burn_rtp_examples::{train, Strategy};
 use common::*;
 
 fn learner_equals_loop(ranks: usize) {
     let steps = 20;
-    let loop_cfg = tiny(StrategyName::Rtp, ranks, steps);
+    let loop_cfg = tiny(Strategy::Rtp, ranks, steps);
     let by_loop = train::<NdArray>(&loop_cfg, |_| Default::default(), None)
         .unwrap()
         .report
@@ -27,6 +30,8 @@ fn learner_equals_loop(ranks: usize) {
         seed: loop_cfg.seed,
         shard_threshold: loop_cfg.shard_threshold,
         dir: dir.clone(),
+        checkpoints: false,
+        resume_epoch: None,
         verbose: false,
     };
     let by_learner = train_with_learner(&learner_cfg).unwrap();
@@ -52,4 +57,98 @@ fn the_learner_equals_the_hand_written_loop_at_2_ranks() {
 #[test]
 fn the_learner_equals_the_hand_written_loop_at_3_ranks() {
     learner_equals_loop(3);
+}
+
+/// The Learner's own checkpoints are sharded burn-rtp checkpoints, and resuming through the
+/// Learner continues bit for bit: epochs 2 and 3 after resuming from epoch 1 give exactly the
+/// losses of the uninterrupted run.
+#[test]
+fn the_learner_checkpoints_shards_and_resumes_bit_exactly() {
+    let ranks = 3;
+    let spe = 4;
+    let loop_cfg = tiny(Strategy::Rtp, ranks, 3 * spe);
+    let dir = temp_dir("learner-resume");
+    let cfg = LearnerConfig {
+        model: loop_cfg.model.clone(),
+        ranks,
+        batch: loop_cfg.batch,
+        epochs: 3,
+        steps_per_epoch: spe,
+        val_batches: 1,
+        lr: loop_cfg.lr,
+        seed: loop_cfg.seed,
+        shard_threshold: loop_cfg.shard_threshold,
+        dir: dir.clone(),
+        checkpoints: true,
+        resume_epoch: None,
+        verbose: false,
+    };
+    let straight = train_with_learner(&cfg).unwrap();
+    assert_eq!(straight.train_losses.len(), 3 * spe);
+    let root = checkpoint_root(&dir);
+    // Newest two kept (steps 8 and 12), the oldest pruned; `latest` names step 12.
+    let kept: Vec<bool> = [1, 2, 3]
+        .map(|e| step_dir(&root, (e * spe) as u64).exists())
+        .to_vec();
+    assert_eq!(
+        kept,
+        [false, true, true],
+        "kept checkpoints of epochs 1..=3"
+    );
+    let latest = Checkpoint::open(&root).unwrap();
+    let manifest = latest.manifest();
+    assert_eq!((manifest.step, manifest.world_size), (12, ranks));
+    assert_eq!(
+        manifest.extra_files.len(),
+        ranks,
+        "one scheduler record per rank"
+    );
+    // Each rank wrote shards: the shard maps name sharded shapes, and every rank's model file
+    // is far smaller than the consolidated model.
+    assert!(manifest.shard_maps.iter().all(|m| !m.sharded.is_empty()));
+    let (whole, _) = latest.consolidated_records().unwrap();
+    for f in manifest
+        .files
+        .iter()
+        .filter(|f| f.name.ends_with(".model.mpk"))
+    {
+        assert!(
+            f.bytes * 2 < whole.len() as u64,
+            "{} has {} bytes, the whole model {}",
+            f.name,
+            f.bytes,
+            whole.len()
+        );
+    }
+
+    // Resume from epoch 2 (the oldest kept) in a fresh run.
+    let resumed = train_with_learner(&LearnerConfig {
+        resume_epoch: Some(2),
+        ..cfg.clone()
+    })
+    .unwrap();
+    assert_eq!(resumed.train_losses.len(), spe, "{resumed:?}");
+    let expected = &straight.train_losses[2 * spe..];
+    assert_eq!(
+        resumed
+            .train_losses
+            .iter()
+            .map(|l| l.to_bits())
+            .collect::<Vec<_>>(),
+        expected.iter().map(|l| l.to_bits()).collect::<Vec<_>>(),
+        "resumed {:?} vs straight {expected:?}",
+        resumed.train_losses
+    );
+
+    // A pruned epoch is refused before any rank starts.
+    let err = train_with_learner(&LearnerConfig {
+        resume_epoch: Some(1),
+        ..cfg
+    })
+    .unwrap_err();
+    assert!(
+        matches!(err, LearnerError::Resume { epoch: 1, .. }),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
 }

@@ -8,7 +8,7 @@
 mod common;
 
 use burn_rtp::RotationMode;
-use burn_rtp_examples::{train, Report, StrategyName, TrainConfig};
+use burn_rtp_examples::{train, Report, Strategy, TrainConfig};
 use common::tiny;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -141,12 +141,12 @@ fn read_report(path: &Path) -> Report {
 #[test]
 fn mpi_training_matches_single_device_and_in_process() {
     let dir = temp_dir("equivalence");
-    let single = losses(&tiny(StrategyName::Single, 1, STEPS));
+    let single = losses(&tiny(Strategy::Ddp, 1, STEPS));
     let runs = [
-        (StrategyName::Rtp, RotationMode::OutOfPlace),
-        (StrategyName::Rtp, RotationMode::InPlace),
-        (StrategyName::Fsdp, RotationMode::OutOfPlace),
-        (StrategyName::Ddp, RotationMode::OutOfPlace),
+        (Strategy::Rtp, RotationMode::OutOfPlace),
+        (Strategy::Rtp, RotationMode::InPlace),
+        (Strategy::Fsdp, RotationMode::OutOfPlace),
+        (Strategy::Ddp, RotationMode::OutOfPlace),
     ];
     for np in [2, 3, 4] {
         for (strategy, rotation) in runs {

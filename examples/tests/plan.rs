@@ -4,8 +4,7 @@
 mod common;
 
 use burn::backend::NdArray;
-use burn_rtp::Strategy;
-use burn_rtp_examples::{train, GptConfig, StrategyName, TrainConfig};
+use burn_rtp_examples::{train, GptConfig, TrainConfig};
 use common::*;
 use std::process::Command;
 
@@ -82,12 +81,7 @@ fn the_recommendation_fits_when_trained() {
     let pick = planner.recommend(budget, per_rank, 8).unwrap();
     assert_eq!(pick.world, 3, "{pick:?}");
     assert!(pick.total <= budget);
-    let strategy = match pick.strategy {
-        Strategy::Rtp => StrategyName::Rtp,
-        Strategy::Fsdp => StrategyName::Fsdp,
-        Strategy::Ddp => StrategyName::Ddp,
-    };
-    let mut cfg = TrainConfig::new(strategy, pick.world);
+    let mut cfg = TrainConfig::new(pick.strategy, pick.world);
     cfg.model = model;
     cfg.batch = per_rank * pick.world;
     cfg.steps = 2;

@@ -4,13 +4,12 @@ mod common;
 
 use burn::backend::NdArray;
 use burn_rtp_examples::report::REPORT_KEYS;
-use burn_rtp_examples::{train, StrategyName};
+use burn_rtp_examples::{train, Strategy};
 use common::*;
 
 #[test]
 fn report_has_every_key_with_finite_values() {
-    let out =
-        train::<NdArray>(&tiny(StrategyName::Rtp, 2, 3), |_| Default::default(), None).unwrap();
+    let out = train::<NdArray>(&tiny(Strategy::Rtp, 2, 3), |_| Default::default(), None).unwrap();
     let json = serde_json::to_value(&out.report).unwrap();
     let obj = json.as_object().unwrap();
     for key in REPORT_KEYS {

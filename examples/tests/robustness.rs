@@ -12,7 +12,7 @@ use burn::tensor::{ElementConversion, Tensor};
 use burn_rtp::{RotationMode, RtpError};
 use burn_rtp_examples::data::{Corpus, Windows};
 use burn_rtp_examples::trainer::StepEvent;
-use burn_rtp_examples::{train, Gpt, Progress, StrategyName, TrainConfig, TrainError};
+use burn_rtp_examples::{train, Gpt, Progress, Strategy, TrainConfig, TrainError};
 use common::*;
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -105,7 +105,7 @@ impl Progress for Norms {
 fn clipping_matches_single_device_under_every_strategy() {
     let steps = 8;
     let dir = temp_dir("clip");
-    let mut base = tiny(StrategyName::Single, 1, steps);
+    let mut base = tiny(Strategy::Ddp, 1, steps);
     base.clip_grad_norm = Some(MAX_NORM);
     let init = initial_weights(&base, &dir);
     let (reference, ref_norms) = clipped_reference(&base, &init, MAX_NORM);
@@ -118,10 +118,10 @@ fn clipping_matches_single_device_under_every_strategy() {
         "the test must clip at most steps: norms {ref_norms:?}"
     );
     let cases = [
-        (StrategyName::Rtp, RotationMode::OutOfPlace),
-        (StrategyName::Rtp, RotationMode::InPlace),
-        (StrategyName::Fsdp, RotationMode::OutOfPlace),
-        (StrategyName::Ddp, RotationMode::OutOfPlace),
+        (Strategy::Rtp, RotationMode::OutOfPlace),
+        (Strategy::Rtp, RotationMode::InPlace),
+        (Strategy::Fsdp, RotationMode::OutOfPlace),
+        (Strategy::Ddp, RotationMode::OutOfPlace),
     ];
     for ranks in [2, 3, 4] {
         for (strategy, rotation) in cases {
@@ -184,7 +184,7 @@ fn snapshot(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
 fn a_non_finite_loss_stops_training_and_leaves_the_last_checkpoint_intact() {
     let dir = temp_dir("nonfinite");
     let root = dir.join("ckpt");
-    let mut first = tiny(StrategyName::Rtp, 3, 3);
+    let mut first = tiny(Strategy::Rtp, 3, 3);
     first.checkpoint_dir = Some(root.clone());
     let good = train::<NdArray>(&first, |_| Default::default(), None)
         .unwrap()
@@ -192,7 +192,7 @@ fn a_non_finite_loss_stops_training_and_leaves_the_last_checkpoint_intact() {
         .unwrap();
     let before = snapshot(&root);
 
-    let mut second = tiny(StrategyName::Rtp, 3, 5);
+    let mut second = tiny(Strategy::Rtp, 3, 5);
     second.resume = Some(root.clone());
     second.checkpoint_dir = Some(root.clone());
     second.checkpoint_every = 1;
@@ -226,7 +226,7 @@ fn a_non_finite_loss_stops_training_and_leaves_the_last_checkpoint_intact() {
 
     // Within one run: checkpoints of steps 1 and 2 are written, none after the bad step 3.
     let root = dir.join("fresh");
-    let mut cfg = tiny(StrategyName::Fsdp, 2, 6);
+    let mut cfg = tiny(Strategy::Fsdp, 2, 6);
     cfg.checkpoint_dir = Some(root.clone());
     cfg.checkpoint_every = 1;
     cfg.inject_non_finite_loss = Some((3, 0));

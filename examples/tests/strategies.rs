@@ -5,14 +5,14 @@ mod common;
 
 use burn::backend::NdArray;
 use burn_rtp::RotationMode;
-use burn_rtp_examples::{train, StrategyName};
+use burn_rtp_examples::{train, Strategy};
 use common::*;
 
-fn check(strategy: StrategyName, ranks: usize, rotation: RotationMode) {
+fn check(strategy: Strategy, ranks: usize, rotation: RotationMode) {
     check_model(strategy, ranks, rotation, false);
 }
 
-fn check_model(strategy: StrategyName, ranks: usize, rotation: RotationMode, tied: bool) {
+fn check_model(strategy: Strategy, ranks: usize, rotation: RotationMode, tied: bool) {
     let dir = temp_dir(&format!("strategy-{strategy}-{ranks}-{rotation}-{tied}"));
     let mut cfg = tiny(strategy, ranks, 30);
     cfg.rotation = rotation;
@@ -35,36 +35,36 @@ fn check_model(strategy: StrategyName, ranks: usize, rotation: RotationMode, tie
 
 #[test]
 fn single_matches_plain_burn() {
-    check(StrategyName::Single, 1, RotationMode::OutOfPlace);
+    check(Strategy::Ddp, 1, RotationMode::OutOfPlace);
 }
 
 #[test]
 fn ddp_matches_single() {
-    check(StrategyName::Ddp, 3, RotationMode::OutOfPlace);
+    check(Strategy::Ddp, 3, RotationMode::OutOfPlace);
 }
 
 #[test]
 fn fsdp_matches_single() {
-    check(StrategyName::Fsdp, 3, RotationMode::OutOfPlace);
+    check(Strategy::Fsdp, 3, RotationMode::OutOfPlace);
 }
 
 #[test]
 fn rtp_matches_single() {
-    check(StrategyName::Rtp, 3, RotationMode::OutOfPlace);
+    check(Strategy::Rtp, 3, RotationMode::OutOfPlace);
 }
 
 #[test]
 fn rtp_in_place_matches_single() {
-    check(StrategyName::Rtp, 4, RotationMode::InPlace);
+    check(Strategy::Rtp, 4, RotationMode::InPlace);
 }
 
 #[test]
 fn tied_embeddings_match_single_under_every_strategy() {
     // The token embedding is both rotated (as the embedding) and gathered (as the head):
     // its two gradient contributions must be summed and reach its shard once.
-    check_model(StrategyName::Single, 1, RotationMode::OutOfPlace, true);
-    check_model(StrategyName::Rtp, 3, RotationMode::OutOfPlace, true);
-    check_model(StrategyName::Rtp, 4, RotationMode::InPlace, true);
-    check_model(StrategyName::Fsdp, 3, RotationMode::OutOfPlace, true);
-    check_model(StrategyName::Ddp, 2, RotationMode::OutOfPlace, true);
+    check_model(Strategy::Ddp, 1, RotationMode::OutOfPlace, true);
+    check_model(Strategy::Rtp, 3, RotationMode::OutOfPlace, true);
+    check_model(Strategy::Rtp, 4, RotationMode::InPlace, true);
+    check_model(Strategy::Fsdp, 3, RotationMode::OutOfPlace, true);
+    check_model(Strategy::Ddp, 2, RotationMode::OutOfPlace, true);
 }

@@ -8,19 +8,19 @@ mod common;
 
 use burn::backend::Wgpu;
 use burn_rtp::RotationMode;
-use burn_rtp_examples::{train, StrategyName};
+use burn_rtp_examples::{train, Strategy};
 use common::*;
 
 #[test]
 fn every_strategy_on_wgpu_matches_single_device_ndarray() {
     let dir = temp_dir("wgpu");
-    let init = initial_weights(&tiny(StrategyName::Single, 1, 8), &dir);
+    let init = initial_weights(&tiny(Strategy::Ddp, 1, 8), &dir);
     for (strategy, ranks, rotation) in [
-        (StrategyName::Single, 1, RotationMode::OutOfPlace),
-        (StrategyName::Rtp, 3, RotationMode::OutOfPlace),
-        (StrategyName::Rtp, 4, RotationMode::InPlace),
-        (StrategyName::Fsdp, 3, RotationMode::OutOfPlace),
-        (StrategyName::Ddp, 3, RotationMode::OutOfPlace),
+        (Strategy::Ddp, 1, RotationMode::OutOfPlace),
+        (Strategy::Rtp, 3, RotationMode::OutOfPlace),
+        (Strategy::Rtp, 4, RotationMode::InPlace),
+        (Strategy::Fsdp, 3, RotationMode::OutOfPlace),
+        (Strategy::Ddp, 3, RotationMode::OutOfPlace),
     ] {
         let mut cfg = tiny(strategy, ranks, 8);
         cfg.rotation = rotation;

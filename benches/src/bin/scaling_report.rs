@@ -4,6 +4,10 @@
 //!
 //! With one MPI process per rank (cargo feature `mpi`, Open MPI installed):
 //! `cargo run --release -p burn-rtp-benches --features mpi --bin scaling-report -- --transport mpi --out DIR`
+//!
+//! Burn's own DDP as a peer row (built apart: `cargo build --manifest-path benches/burn-ddp/Cargo.toml`):
+//! add `--burn-ddp target/debug/burn-ddp-peer`; with `--burn-ddp-only`, only that section is
+//! (re)written into the report already in `--out`.
 
 use burn_rtp::TransportKind;
 use burn_rtp_benches::mpi_report::{self, Job, MpiReportConfig};
@@ -40,6 +44,13 @@ struct Cli {
     /// resident set (`--transport mpi`), printed, without writing a report.
     #[arg(long)]
     planner_only: bool,
+    /// The `burn-ddp-peer` binary (benches/burn-ddp): run it and add Burn's own DDP on wgpu
+    /// to the report, as a peer row or with the errors that stop it.
+    #[arg(long, value_name = "BIN")]
+    burn_ddp: Option<PathBuf>,
+    /// With `--burn-ddp`: only add that section to the report already in `--out`.
+    #[arg(long, requires = "burn_ddp")]
+    burn_ddp_only: bool,
     /// Internal: run one job as this process's rank (started by mpirun).
     #[arg(long, hide = true)]
     mpi_worker: Option<String>,
@@ -126,8 +137,36 @@ fn measure(
     }
 }
 
+/// Adds Burn's own DDP (the peer binary's findings) to the report in `out`.
+fn add_burn_ddp(bin: &Path, out: &Path) -> ExitCode {
+    match burn_rtp_benches::burn_ddp::add_to_report(bin, out) {
+        Ok(summary) => {
+            println!("Burn DDP peer: {summary}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: Burn DDP peer: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let status = report(&cli);
+    match (&cli.burn_ddp, status == ExitCode::SUCCESS) {
+        (Some(bin), true) => {
+            let out = cli.out.clone().unwrap_or_else(default_out);
+            add_burn_ddp(bin, &out)
+        }
+        _ => status,
+    }
+}
+
+fn report(cli: &Cli) -> ExitCode {
+    if cli.burn_ddp_only {
+        return ExitCode::SUCCESS;
+    }
     if let Some(job) = &cli.mpi_worker {
         let job: Job = match serde_json::from_str(job) {
             Ok(job) => job,
@@ -164,9 +203,9 @@ fn main() -> ExitCode {
         };
     }
     if cli.transport == TransportKind::Mpi {
-        return main_mpi(&cli);
+        return main_mpi(cli);
     }
-    let out = cli.out.unwrap_or_else(default_out);
+    let out = cli.out.clone().unwrap_or_else(default_out);
     let mut cfg = if cli.tiny {
         ReportConfig::tiny(out)
     } else {

@@ -16,8 +16,13 @@
 //!   model.
 //! * [`Checkpoint::consolidate`] writes the whole model as one ordinary Burn record
 //!   (`NamedMpkFileRecorder`), assembled on the host, for single-device Burn.
+//! * [`RankRecorder`] writes the same checkpoints from burn-train's Learner
+//!   (`with_file_checkpointer`), and reads them back when a Learner resumes.
 
+mod recorder;
 mod reshard;
+
+pub use recorder::RankRecorder;
 
 use crate::device::RtpDevice;
 use crate::error::RtpError;
@@ -163,6 +168,9 @@ pub struct Manifest {
     pub shard_maps: Vec<ShardMap>,
     /// Every file of the checkpoint, two per rank.
     pub files: Vec<FileEntry>,
+    /// Further files, verified like the others (a Learner's scheduler records).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub extra_files: Vec<FileEntry>,
     /// The caller's own fields (a trainer's model shape, batch, data seed).
     #[serde(default)]
     pub user: serde_json::Value,
@@ -314,6 +322,7 @@ fn finish<I: Backend>(
         step,
         shard_maps: Vec::new(),
         files: Vec::new(),
+        extra_files: Vec::new(),
         user: serde_json::to_value(user).map_err(|e| CheckpointError::BadManifest {
             path: tmp.join(MANIFEST),
             reason: format!("the caller's fields do not serialise: {e}"),
@@ -359,6 +368,14 @@ impl Checkpoint {
     /// Finds the checkpoint at `path` (a step folder, or a root whose `latest` file names
     /// one) and checks every file's size and checksum against the manifest.
     pub fn open(path: &Path) -> Result<Self, CheckpointError> {
+        let checkpoint = Self::open_manifest(path)?;
+        checkpoint.verify()?;
+        Ok(checkpoint)
+    }
+
+    /// Finds the checkpoint at `path` and checks its manifest and the files' sizes, without
+    /// reading the files; each file read later is checked against its checksum as it is read.
+    pub fn open_manifest(path: &Path) -> Result<Self, CheckpointError> {
         let dir = if path.join(MANIFEST).exists() {
             path.to_path_buf()
         } else if let Ok(latest) = std::fs::read_to_string(path.join("latest")) {
@@ -408,21 +425,26 @@ impl Checkpoint {
                 manifest.world_size
             )));
         }
-        for file in &manifest.files {
+        for file in manifest.files.iter().chain(&manifest.extra_files) {
             let fpath = dir.join(&file.name);
-            let bytes = std::fs::read(&fpath).map_err(io(&fpath))?;
-            if bytes.len() as u64 != file.bytes {
+            let bytes = std::fs::metadata(&fpath).map_err(io(&fpath))?.len();
+            if bytes != file.bytes {
                 return Err(CheckpointError::Truncated {
                     path: fpath,
-                    bytes: bytes.len() as u64,
+                    bytes,
                     expected: file.bytes,
                 });
             }
-            if fnv1a64(&bytes) != file.fnv1a64 {
-                return Err(CheckpointError::Checksum { path: fpath });
-            }
         }
         Ok(Self { manifest, dir })
+    }
+
+    /// Reads every file and checks its size and checksum against the manifest.
+    pub fn verify(&self) -> Result<(), CheckpointError> {
+        for file in self.manifest.files.iter().chain(&self.manifest.extra_files) {
+            self.read(&file.name)?;
+        }
+        Ok(())
     }
 
     /// The manifest.
@@ -547,9 +569,31 @@ impl Checkpoint {
         Ok((whole.model, whole.optim))
     }
 
+    /// Reads one file of the checkpoint and checks it against the manifest's entry.
     fn read(&self, name: &str) -> Result<Vec<u8>, CheckpointError> {
         let path = self.dir.join(name);
-        std::fs::read(&path).map_err(io(&path))
+        let m = &self.manifest;
+        let entry = m
+            .files
+            .iter()
+            .chain(&m.extra_files)
+            .find(|f| f.name == name);
+        let entry = entry.ok_or_else(|| CheckpointError::BadManifest {
+            path: self.dir.join(MANIFEST),
+            reason: format!("it does not list {name}"),
+        })?;
+        let bytes = std::fs::read(&path).map_err(io(&path))?;
+        if bytes.len() as u64 != entry.bytes {
+            return Err(CheckpointError::Truncated {
+                path,
+                bytes: bytes.len() as u64,
+                expected: entry.bytes,
+            });
+        }
+        if fnv1a64(&bytes) != entry.fnv1a64 {
+            return Err(CheckpointError::Checksum { path });
+        }
+        Ok(bytes)
     }
 
     /// Decodes this rank's records (by `map`) and loads them into `model` and `optim`.

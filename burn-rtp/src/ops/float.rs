@@ -53,35 +53,36 @@ fn create<B: Backend>(
 /// While loading shards, data shaped like a saved shard becomes this rank's shard again.
 fn load_saved_shard<B: Backend>(device: &RtpDevice<B>, data: &TensorData) -> Option<RtpTensor<B>> {
     let ctx = &device.ctx;
-    let io = ctx.shard_io.lock().unwrap();
-    let ShardIo::Loading(map) = &*io else {
-        return None;
-    };
     let shape = data.shape.to_vec();
-    let layout = if let Some(full) = map.full_of(&shape) {
-        let spec = ShardSpec {
-            full: Shape::from(full.clone()),
-            world: ctx.world_size,
+    let layout = ctx.shard_io.with(|io| {
+        let ShardIo::Loading(map) = io else {
+            return Ok(None);
         };
-        if spec.shard_shape(ctx.rank).to_vec() != shape {
-            raise(RtpError::ShardMap {
-                rank: ctx.rank,
-                op: "load_shards".into(),
-                reason: format!(
-                    "the checkpoint has a shard of shape {shape:?} of {full:?}, but this rank's \
-                     shard of {full:?} in a world of {} is {:?}",
-                    ctx.world_size,
-                    spec.shard_shape(ctx.rank).to_vec()
-                ),
-            });
+        if let Some(full) = map.full_of(&shape) {
+            let spec = ShardSpec {
+                full: Shape::from(full.clone()),
+                world: ctx.world_size,
+            };
+            if spec.shard_shape(ctx.rank).to_vec() != shape {
+                return Err(RtpError::ShardMap {
+                    rank: ctx.rank,
+                    op: "load_shards".into(),
+                    reason: format!(
+                        "the checkpoint has a shard of shape {shape:?} of {full:?}, but this \
+                         rank's shard of {full:?} in a world of {} is {:?}",
+                        ctx.world_size,
+                        spec.shard_shape(ctx.rank).to_vec()
+                    ),
+                });
+            }
+            Ok(Some(Layout::Sharded(spec)))
+        } else if map.replicated.contains(&shape) {
+            Ok(Some(Layout::Replicated))
+        } else {
+            Ok(None)
         }
-        Layout::Sharded(spec)
-    } else if map.replicated.contains(&shape) {
-        Layout::Replicated
-    } else {
-        return None;
-    };
-    drop(io);
+    });
+    let layout = layout.unwrap_or_else(|e| raise(e))?;
     let inner = B::float_from_data(data.clone(), &ctx.inner);
     Some(RtpTensor::new(ctx.clone(), inner, layout))
 }
@@ -294,20 +295,17 @@ impl<B: Backend> FloatTensorOps<Self> for Rtp<B> {
     }
 
     async fn float_into_data(tensor: FloatTensor<Self>) -> Result<TensorData, ExecutionError> {
-        let saving = {
-            let mut io = tensor.ctx.shard_io.lock().unwrap();
-            match &tensor.layout {
-                Layout::Sharded(spec) if matches!(*io, ShardIo::Saving { .. }) => {
-                    io.note_shard(tensor.inner.shape().to_vec(), spec.full.to_vec());
-                    true
-                }
-                Layout::Replicated => {
-                    io.note_replicated(tensor.inner.shape().to_vec());
-                    false
-                }
-                _ => false,
+        let saving = tensor.ctx.shard_io.with(|io| match &tensor.layout {
+            Layout::Sharded(spec) if matches!(io, ShardIo::Saving { .. }) => {
+                io.note_shard(tensor.inner.shape().to_vec(), spec.full.to_vec());
+                true
             }
-        };
+            Layout::Replicated => {
+                io.note_replicated(tensor.inner.shape().to_vec());
+                false
+            }
+            _ => false,
+        });
         let data = if saving {
             tensor.inner
         } else {
