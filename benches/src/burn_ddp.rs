@@ -14,6 +14,28 @@ use std::process::Command;
 /// Heading of the report section this module writes (and replaces when run again).
 pub const HEADING: &str = "## Burn's own data parallelism (burn-train 0.21 on wgpu, N = 2)";
 
+/// The key of the peer's result in `report.json`.
+pub const KEY: &str = "burn_ddp_wgpu_n2";
+
+/// `report` (a pretty-printed JSON object) with `key: value` as its last entry, replacing an
+/// earlier one written the same way. The rest of the text is kept as it is, so the report's
+/// numbers are not reprinted.
+fn with_last_key(report: &str, key: &str, value: &Value) -> Result<String, String> {
+    let marker = format!(",\n  \"{key}\": ");
+    let body = match report.find(&marker) {
+        Some(at) => &report[..at],
+        None => report
+            .trim_end()
+            .strip_suffix('}')
+            .ok_or("report.json is not a JSON object")?
+            .trim_end(),
+    };
+    let value = serde_json::to_string_pretty(value).map_err(|e| e.to_string())?;
+    let out = format!("{body}{marker}{}\n}}\n", value.replace('\n', "\n  "));
+    serde_json::from_str::<Value>(&out).map_err(|e| format!("report.json would not parse: {e}"))?;
+    Ok(out)
+}
+
 /// Runs the peer binary and returns its JSON result.
 pub fn run_peer(bin: &Path, scratch: &Path) -> Result<Value, Box<dyn std::error::Error>> {
     std::fs::create_dir_all(scratch)?;
@@ -84,8 +106,8 @@ pub fn markdown(peer: &Value) -> String {
     md
 }
 
-/// Runs the peer and adds its section to the report in `out` (`report.md`, and the key
-/// `burn_ddp_wgpu_n2` in `report.json`), replacing an earlier section.
+/// Runs the peer and adds its section to the report in `out` (`report.md`, and [`KEY`] in
+/// `report.json`), replacing an earlier section.
 pub fn add_to_report(bin: &Path, out: &Path) -> Result<String, Box<dyn std::error::Error>> {
     let peer = run_peer(bin, &out.join("burn-ddp"))?;
     let md_path = out.join("report.md");
@@ -100,11 +122,25 @@ pub fn add_to_report(bin: &Path, out: &Path) -> Result<String, Box<dyn std::erro
     md += &markdown(&peer);
     std::fs::write(&md_path, md)?;
     let json_path = out.join("report.json");
-    let mut report: Value = serde_json::from_slice(&std::fs::read(&json_path)?)?;
-    if let Some(obj) = report.as_object_mut() {
-        obj.insert("burn_ddp_wgpu_n2".into(), peer.clone());
-    }
-    std::fs::write(&json_path, serde_json::to_string_pretty(&report)?)?;
+    let text = std::fs::read_to_string(&json_path)?;
+    std::fs::write(&json_path, with_last_key(&text, KEY, &peer)?)?;
     let _ = std::fs::remove_dir_all(out.join("burn-ddp"));
     Ok(peer["summary"].as_str().unwrap_or_default().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_peer_key_is_appended_once_and_the_rest_kept_verbatim() {
+        let report = "{\n  \"a\": 0.30000000000000004,\n  \"b\": [\n    1\n  ]\n}\n";
+        let once = with_last_key(report, KEY, &serde_json::json!({"x": 1})).unwrap();
+        assert!(once.starts_with("{\n  \"a\": 0.30000000000000004,\n  \"b\": [\n    1\n  ],"));
+        let twice = with_last_key(&once, KEY, &serde_json::json!({"x": 2})).unwrap();
+        let v: Value = serde_json::from_str(&twice).unwrap();
+        assert_eq!(v[KEY]["x"], 2);
+        assert_eq!(twice.matches(KEY).count(), 1);
+        assert!(with_last_key("[1]", KEY, &Value::Null).is_err());
+    }
 }

@@ -176,6 +176,25 @@ pub struct Manifest {
     pub user: serde_json::Value,
 }
 
+impl Manifest {
+    /// The manifest of a checkpoint of `step` written by the world of `config`, before the
+    /// ranks' shard maps and files are added.
+    fn of_world(config: &crate::RtpConfig, step: u64, user: serde_json::Value) -> Self {
+        Self {
+            format: FORMAT,
+            world_size: config.world_size,
+            strategy: config.strategy.to_string(),
+            rotation: config.rotation.to_string(),
+            shard_threshold: config.shard_threshold,
+            step,
+            shard_maps: Vec::new(),
+            files: Vec::new(),
+            extra_files: Vec::new(),
+            user,
+        }
+    }
+}
+
 /// FNV-1a 64: a cheap checksum that catches truncation and corruption.
 pub fn fnv1a64(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
@@ -312,22 +331,11 @@ fn finish<I: Backend>(
     step: u64,
     user: &impl Serialize,
 ) -> Result<(), CheckpointError> {
-    let config = device.config();
-    let mut manifest = Manifest {
-        format: FORMAT,
-        world_size: device.world_size(),
-        strategy: config.strategy.to_string(),
-        rotation: config.rotation.to_string(),
-        shard_threshold: config.shard_threshold,
-        step,
-        shard_maps: Vec::new(),
-        files: Vec::new(),
-        extra_files: Vec::new(),
-        user: serde_json::to_value(user).map_err(|e| CheckpointError::BadManifest {
-            path: tmp.join(MANIFEST),
-            reason: format!("the caller's fields do not serialise: {e}"),
-        })?,
-    };
+    let user = serde_json::to_value(user).map_err(|e| CheckpointError::BadManifest {
+        path: tmp.join(MANIFEST),
+        reason: format!("the caller's fields do not serialise: {e}"),
+    })?;
+    let mut manifest = Manifest::of_world(device.config(), step, user);
     for r in 0..device.world_size() {
         let path = tmp.join(format!("rank-{r:05}.json"));
         let text = std::fs::read(&path).map_err(io(&path))?;

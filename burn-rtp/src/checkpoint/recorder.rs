@@ -13,7 +13,7 @@
 
 use super::{
     decode, fnv1a64, io, model_file, optim_file, step_dir, write_atomic, Checkpoint,
-    CheckpointError, FileEntry, Manifest, Mpk, FORMAT, MANIFEST,
+    CheckpointError, FileEntry, Manifest, Mpk, MANIFEST,
 };
 use crate::device::RtpDevice;
 use crate::shard_io::ShardMap;
@@ -205,19 +205,8 @@ impl<I: Backend> RankRecorder<I> {
                 None => std::thread::sleep(Duration::from_millis(20)),
             }
         };
-        let config = self.device.config();
-        let mut manifest = Manifest {
-            format: FORMAT,
-            world_size: world,
-            strategy: config.strategy.to_string(),
-            rotation: config.rotation.to_string(),
-            shard_threshold: config.shard_threshold,
-            step,
-            shard_maps: Vec::new(),
-            files: Vec::new(),
-            extra_files: Vec::new(),
-            user: serde_json::json!({ "epoch": epoch, "written_by": "burn-train Learner" }),
-        };
+        let user = serde_json::json!({ "epoch": epoch, "written_by": "burn-train Learner" });
+        let mut manifest = Manifest::of_world(self.device.config(), step, user);
         for (rank, kinds) in parts.into_iter().enumerate() {
             let mut map = ShardMap::default();
             for (kind, part) in kinds {
