@@ -93,16 +93,41 @@ pub fn slice_last_dim(data: &TensorData, range: ShardRange) -> TensorData {
     let last = dims[dims.len() - 1];
     let elem = data.dtype.size();
     let rows = data.num_elements().checked_div(last).unwrap_or(0);
-    let bytes = data.as_bytes();
-    let mut out = Vec::with_capacity(rows * range.len * elem);
-    for row in 0..rows {
-        let begin = (row * last + range.start) * elem;
-        out.extend_from_slice(&bytes[begin..begin + range.len * elem]);
-    }
+    let mut out = vec![0; rows * range.len * elem];
+    let whole = ShardRange {
+        start: 0,
+        len: last,
+    };
+    copy_columns(
+        (data.as_bytes(), whole),
+        (&mut out, range),
+        range,
+        rows,
+        elem,
+    );
     let mut shape = dims.clone();
     let n = shape.len();
     shape[n - 1] = range.len;
     TensorData::from_bytes_vec(out, shape, data.dtype)
+}
+
+/// Copies columns `cols` of row-major rows of `elem`-byte elements from a buffer holding
+/// columns `src.1` of each row into one holding columns `dst.1` of the same rows; columns are
+/// numbered in the full tensor, and `cols` lies within both.
+pub(crate) fn copy_columns(
+    src: (&[u8], ShardRange),
+    dst: (&mut [u8], ShardRange),
+    cols: ShardRange,
+    rows: usize,
+    elem: usize,
+) {
+    let ((from, held), (to, want)) = (src, dst);
+    let width = cols.len * elem;
+    for row in 0..rows {
+        let a = (row * held.len + cols.start - held.start) * elem;
+        let b = (row * want.len + cols.start - want.start) * elem;
+        to[b..b + width].copy_from_slice(&from[a..a + width]);
+    }
 }
 
 /// Counter-based hash (SplitMix64 finaliser): the same input gives the same bits on any rank.

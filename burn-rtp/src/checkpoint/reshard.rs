@@ -15,7 +15,7 @@
 
 use super::{model_file, optim_file, Checkpoint, CheckpointError, Target};
 use crate::shard_io::{ShardIo, ShardMap};
-use crate::sharding::{placement, ShardRange, ShardSpec};
+use crate::sharding::{copy_columns, placement, ShardRange, ShardSpec};
 use burn::tensor::Shape;
 use rmpv::Value;
 use std::collections::{BTreeSet, HashMap};
@@ -99,19 +99,22 @@ fn overlaps(map: &ShardMap, old_world: usize, n: usize, target: Target) -> bool 
             world: old_world,
         }
         .range(n);
-        let want = wanted(&full, target);
+        let (_, want) = wanted(&full, target);
         intersect(old, want).len > 0
     })
 }
 
-/// The columns of a tensor of full shape `full` that `target` holds.
-fn wanted(full: &Shape, target: Target) -> ShardRange {
+/// Whether `target` holds a tensor of full shape `full` as a shard, and which of its columns.
+fn wanted(full: &Shape, target: Target) -> (bool, ShardRange) {
     match placement(target.strategy, full, target.world, target.threshold) {
-        Some(spec) => spec.range(target.rank),
-        None => ShardRange {
-            start: 0,
-            len: full[full.num_dims() - 1],
-        },
+        Some(spec) => (true, spec.range(target.rank)),
+        None => (
+            false,
+            ShardRange {
+                start: 0,
+                len: full[full.num_dims() - 1],
+            },
+        ),
     }
 }
 
@@ -303,7 +306,7 @@ impl Job<'_> {
         }
         let full = sharded.clone().unwrap_or_else(|| shape0.clone());
         let full_shape = Shape::from(full.clone());
-        let want = wanted(&full_shape, self.target);
+        let (shard, want) = wanted(&full_shape, self.target);
         let last = full.len() - 1;
         let rows: usize = full[..last].iter().product();
         let mut out_shape = full.clone();
@@ -346,21 +349,12 @@ impl Job<'_> {
                     format!("has shape {:?}, expected {expected:?}", p.shape),
                 ));
             }
-            let width = cols.len * elem;
-            for row in 0..rows {
-                let from = (row * held.len + cols.start - held.start) * elem;
-                let to = (row * want.len + cols.start - want.start) * elem;
-                out[to..to + width].copy_from_slice(&p.bytes[from..from + width]);
-            }
+            copy_columns((p.bytes, held), (&mut out, want), cols, rows, elem);
         }
-        match placement(
-            self.target.strategy,
-            &full_shape,
-            self.target.world,
-            self.target.threshold,
-        ) {
-            Some(_) => self.io.note_shard(out_shape.clone(), full),
-            None => self.io.note_replicated(full),
+        if shard {
+            self.io.note_shard(out_shape.clone(), full);
+        } else {
+            self.io.note_replicated(full);
         }
         Ok((out_shape, out))
     }
