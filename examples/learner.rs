@@ -67,11 +67,9 @@ fn main() -> ExitCode {
     };
     match train_with_learner(&cfg) {
         Ok(outcome) => {
-            for (epoch, loss) in outcome.val_losses.iter().enumerate() {
-                println!(
-                    "epoch {}: validation loss {loss:.4} (mean over ranks)",
-                    epoch + 1
-                );
+            let first = cfg.resume_epoch.unwrap_or(0) + 1;
+            for (epoch, loss) in (first..).zip(&outcome.val_losses) {
+                println!("epoch {epoch}: validation loss {loss:.4} (mean over ranks)");
             }
             ExitCode::SUCCESS
         }

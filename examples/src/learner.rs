@@ -253,6 +253,7 @@ pub fn train_with_learner(cfg: &LearnerConfig) -> Result<LearnerOutcome, Learner
             names: HashMap::new(),
             print: cfg.verbose && device.rank() == 0,
             steps_per_epoch: cfg.steps_per_epoch,
+            first_step,
         };
         let mut training = SupervisedTraining::new(
             cfg.dir.join(format!("rank-{}", device.rank())),
@@ -311,6 +312,8 @@ struct LossRenderer {
     names: HashMap<String, String>,
     print: bool,
     steps_per_epoch: usize,
+    /// Steps trained before this run (a resumed run continues their numbering).
+    first_step: usize,
 }
 
 impl LossRenderer {
@@ -333,7 +336,7 @@ impl MetricsRendererTraining for LossRenderer {
         if let Some(loss) = self.loss(&state) {
             let mut record = self.record.lock().unwrap();
             record.train_losses.push(loss);
-            let step = record.train_losses.len();
+            let step = self.first_step + record.train_losses.len();
             if self.print {
                 let epoch = (step - 1) / self.steps_per_epoch.max(1) + 1;
                 println!("epoch {epoch} step {step:4}: loss {loss:.4} (mean over ranks)");
