@@ -1,20 +1,23 @@
-//! The per-step compute of a rotation: one GEMM against the shard on hand, fused with the
-//! column bookkeeping around it.
+//! The per-step compute of a rotation: one GEMM (or lookup) against the shard on hand,
+//! reading and writing column windows where they lie, with no temporary block and no
+//! concatenation.
 //!
-//! Each kernel lives in its own folder under [`kernel`]. The functions here are the generic
-//! compositions of the inner backend's ops that every backend can run (NdArray included);
-//! fused `#[cube]` versions for cube backends belong beside them (not written yet).
+//! Each kernel lives in its own folder under [`kernel`], with its `#[cube]` code and launch
+//! beside the generic composition of Burn ops that non-cube backends (NdArray) run. Which of
+//! the two a backend runs is [`RotationKernels`], in [`dispatch`].
 #![warn(missing_docs)]
 
+pub mod dispatch;
 pub mod kernel;
 
 /// The inner backend's float tensor, which every kernel takes and returns.
 pub type Float<B> = <B as burn::tensor::backend::BackendTypes>::FloatTensorPrimitive;
+/// The inner backend's int tensor (embedding indices).
+pub type Int<B> = <B as burn::tensor::backend::BackendTypes>::IntTensorPrimitive;
 
+pub use dispatch::{fused_launches, KernelPath, RotationKernels};
 pub use kernel::columns::{
-    assemble_columns, column_slice, output_for_columns, write_columns, ColumnError,
+    assemble_columns, column_slice, output_for_columns, write_columns, ColumnError, Window,
 };
-pub use kernel::embedding::{accumulate_embedding_grad, embedding_columns};
-pub use kernel::linear::{
-    accumulate_bias_grad, accumulate_weight_grad, accumulate_x_grad, linear_columns,
-};
+pub use kernel::embedding::{accumulate_embedding_grad, embedding_grad_step, embedding_step};
+pub use kernel::linear::{forward_step, weight_grad_step, x_grad_step};

@@ -4,6 +4,7 @@ use crate::device::RtpDevice;
 use crate::tensor::RtpTensor;
 use burn::tensor::backend::{Backend, BackendTypes, DTypeUsageSet, ExecutionError};
 use burn::tensor::DType;
+use burn_rtp_kernels::RotationKernels;
 use std::marker::PhantomData;
 
 /// Rotated Tensor Parallelism over the inner backend `B`: use `Autodiff<Rtp<B>>` where you
@@ -24,7 +25,7 @@ impl<B: Backend> BackendTypes for Rtp<B> {
     type QuantizedTensorPrimitive = B::QuantizedTensorPrimitive;
 }
 
-impl<B: Backend> Backend for Rtp<B> {
+impl<B: RotationKernels> Backend for Rtp<B> {
     fn name(device: &Self::Device) -> String {
         format!("rtp<{}>", B::name(&device.ctx.inner))
     }

@@ -353,14 +353,18 @@ pub(crate) fn all_reduce_ring<B: Backend>(
         )]
     })
     .remove(0);
+    let out = burn_rtp_kernels::output_for_columns::<B>(&own, spec.last());
     let full = rotate_columns(
         ctx,
         "all_reduce.all_gather",
         vec![own],
         chunk,
-        |_, chunk| chunk[0].clone(),
+        out,
+        false,
+        |y, j, chunk| {
+            burn_rtp_kernels::write_columns::<B>(y, chunk[0].clone(), spec.range(j).start)
+        },
         |j| spec.range(j),
-        spec.last(),
     );
     fence(ctx);
     full.consume(|full| B::float_reshape(full, shape))

@@ -14,8 +14,9 @@ use crate::sharding::Layout;
 use crate::tensor::RtpTensor;
 use burn::module::{AutodiffModule, ModuleVisitor, Param};
 use burn::optim::{GradientsParams, LearningRate, MultiGradientsParams, Optimizer};
-use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Scalar, Tensor, TensorPrimitive};
+use burn_rtp_kernels::RotationKernels;
 
 /// Wraps any Burn optimizer for RTP: `RtpOptimizer::new(AdamConfig::new().init())`.
 ///
@@ -84,13 +85,13 @@ impl<O> RtpOptimizer<O> {
 }
 
 /// Replaces each gradient in `grads` by `f(its parameter's layout, the gradient)`.
-struct MapGradients<'a, I: Backend, F> {
+struct MapGradients<'a, I: RotationKernels, F> {
     grads: &'a mut GradientsParams,
     f: F,
     _inner: std::marker::PhantomData<I>,
 }
 
-fn primitive<I: Backend, const D: usize>(t: Tensor<Rtp<I>, D>) -> RtpTensor<I> {
+fn primitive<I: RotationKernels, const D: usize>(t: Tensor<Rtp<I>, D>) -> RtpTensor<I> {
     match t.into_primitive() {
         TensorPrimitive::Float(t) => t,
         TensorPrimitive::QFloat(_) => panic!("RtpOptimizer: quantized gradients are not supported"),
@@ -98,7 +99,7 @@ fn primitive<I: Backend, const D: usize>(t: Tensor<Rtp<I>, D>) -> RtpTensor<I> {
 }
 
 /// Averages a per-rank gradient over ranks and gives it its parameter's layout.
-fn sync_gradient<I: Backend>(param: &Layout, grad: RtpTensor<I>) -> RtpTensor<I> {
+fn sync_gradient<I: RotationKernels>(param: &Layout, grad: RtpTensor<I>) -> RtpTensor<I> {
     if matches!(grad.layout, Layout::Sharded(_) | Layout::Replicated) {
         return grad;
     }
@@ -121,7 +122,7 @@ fn sync_gradient<I: Backend>(param: &Layout, grad: RtpTensor<I>) -> RtpTensor<I>
 
 impl<B, I, F> ModuleVisitor<B> for MapGradients<'_, I, F>
 where
-    I: Backend,
+    I: RotationKernels,
     B: AutodiffBackend<InnerBackend = Rtp<I>>,
     F: FnMut(&Layout, RtpTensor<I>) -> RtpTensor<I>,
 {
@@ -145,7 +146,7 @@ fn map_gradients<M, B, I>(
     grads: &mut GradientsParams,
     f: impl FnMut(&Layout, RtpTensor<I>) -> RtpTensor<I>,
 ) where
-    I: Backend,
+    I: RotationKernels,
     B: AutodiffBackend<InnerBackend = Rtp<I>>,
     M: AutodiffModule<B>,
 {
@@ -159,7 +160,7 @@ fn map_gradients<M, B, I>(
 /// Averages the per-rank gradients in `grads` over ranks, in the module's parameter order.
 pub fn sync_gradients<M, B, I>(module: &M, grads: &mut GradientsParams)
 where
-    I: Backend,
+    I: RotationKernels,
     B: AutodiffBackend<InnerBackend = Rtp<I>>,
     M: AutodiffModule<B>,
 {
@@ -168,7 +169,7 @@ where
 
 /// Adds up this rank's share of `Σ g²`: sharded gradients on every rank, replicated ones on
 /// rank 0 only, so that the sum over ranks counts every element once.
-struct SumOfSquares<'a, I: Backend> {
+struct SumOfSquares<'a, I: RotationKernels> {
     grads: &'a GradientsParams,
     rank: usize,
     sum: f64,
@@ -177,7 +178,7 @@ struct SumOfSquares<'a, I: Backend> {
 
 impl<B, I> ModuleVisitor<B> for SumOfSquares<'_, I>
 where
-    I: Backend,
+    I: RotationKernels,
     B: AutodiffBackend<InnerBackend = Rtp<I>>,
 {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
@@ -203,7 +204,7 @@ where
 /// [`RtpOptimizer::with_clip_grad_norm`]) and returns the norm found.
 fn clip_grad_norm<M, B, I>(module: &M, grads: &mut GradientsParams, max: f32) -> Option<GradNorm>
 where
-    I: Backend,
+    I: RotationKernels,
     B: AutodiffBackend<InnerBackend = Rtp<I>>,
     M: AutodiffModule<B>,
 {
@@ -240,14 +241,14 @@ where
 /// The rank context of a module's first float parameter (`None` for a module without one).
 fn module_ctx<M, B, I>(module: &M) -> Option<std::sync::Arc<crate::world::RankCtx<I>>>
 where
-    I: Backend,
+    I: RotationKernels,
     B: AutodiffBackend<InnerBackend = Rtp<I>>,
     M: AutodiffModule<B>,
 {
-    struct First<I: Backend>(Option<std::sync::Arc<crate::world::RankCtx<I>>>);
+    struct First<I: RotationKernels>(Option<std::sync::Arc<crate::world::RankCtx<I>>>);
     impl<B, I> ModuleVisitor<B> for First<I>
     where
-        I: Backend,
+        I: RotationKernels,
         B: AutodiffBackend<InnerBackend = Rtp<I>>,
     {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
@@ -263,7 +264,7 @@ where
 
 impl<M, B, I, O> Optimizer<M, B> for RtpOptimizer<O>
 where
-    I: Backend,
+    I: RotationKernels,
     B: AutodiffBackend<InnerBackend = Rtp<I>>,
     M: AutodiffModule<B>,
     O: Optimizer<M, B>,

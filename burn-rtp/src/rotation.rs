@@ -30,6 +30,7 @@ use crate::transport::Header;
 use crate::world::RankCtx;
 use burn::tensor::backend::Backend;
 use burn::tensor::TensorMetadata;
+use burn_rtp_kernels::ColumnError;
 use std::sync::Arc;
 
 /// Headers of the tensors of shard `j`'s bundle: one part number per tensor.
@@ -269,39 +270,45 @@ pub(crate) fn rotate<B: Backend>(
     ring_pass(ctx, op, pass, |_| Vec::new());
 }
 
-/// Rotates `own` and builds a tensor from one column block per shard: `block(j, shard)` is
-/// the block of shard `j`, written into the columns `window(j)` of an output of `columns`
-/// columns (its last dimension). The output is allocated once, at the first block, and
-/// charged as local memory; each block is charged while it is written.
+/// Rotates `own` and fills `out` (allocated once by the caller, charged here as local
+/// memory) one column window per shard: `write(y, j, shard)` writes shard `j`'s columns
+/// `window(j)` of `y` where they lie and returns `y`. With `via_block`, a write first builds
+/// the window's block (the generic kernels do) and that block is charged while it lives. A
+/// window that does not fit is a panic naming the rank, the op and the shapes.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn rotate_columns<B: Backend>(
     ctx: &RankCtx<B>,
     op: &'static str,
     own: Vec<Float<B>>,
     shapes_of: impl Fn(usize) -> Vec<Vec<usize>>,
-    mut block: impl FnMut(usize, &[Float<B>]) -> Float<B>,
+    out: Float<B>,
+    via_block: bool,
+    mut write: impl FnMut(Float<B>, usize, &[Float<B>]) -> Result<Float<B>, ColumnError>,
     window: impl Fn(usize) -> ShardRange,
-    columns: usize,
 ) -> Held<B> {
-    let mut out: Option<Held<B>> = None;
+    let dims = out.shape().to_vec();
+    let columns = dims[dims.len() - 1];
+    let bytes_per_column = dims[..dims.len() - 1].iter().product::<usize>() * out.dtype().size();
+    let mut out = Some(Held::new(&ctx.ledger, out, Category::Local));
     let mut written = 0;
     rotate(ctx, op, own, shapes_of, |j, shard| {
-        let part = block(j, shard);
-        let _block = transient::<B>(&ctx.ledger, std::slice::from_ref(&part));
-        let target = out.take().unwrap_or_else(|| {
-            let empty = burn_rtp_kernels::output_for_columns::<B>(&part, columns);
-            Held::new(&ctx.ledger, empty, Category::Local)
+        let _block = via_block.then(|| {
+            ctx.ledger
+                .charge(Category::Local, bytes_per_column * window(j).len)
         });
-        let range = window(j);
-        let shapes = (target.shape().to_vec(), part.shape().to_vec());
+        let target: Held<B> = out.take().expect("the output is back after each step");
+        let shapes: Vec<Vec<usize>> = std::iter::once(target.shape().to_vec())
+            .chain(shard.iter().map(|t| t.shape().to_vec()))
+            .collect();
         out = Some(target.map(|y| {
-            burn_rtp_kernels::write_columns::<B>(y, part, range.start).unwrap_or_else(|e| {
+            write(y, j, shard).unwrap_or_else(|e| {
                 panic!(
-                    "rank {}: `{op}` shard {j}: output {:?}, block {:?}: {e}",
-                    ctx.rank, shapes.0, shapes.1
+                    "rank {}: `{op}` shard {j} (output, shard tensors {shapes:?}): {e}",
+                    ctx.rank
                 )
             })
         }));
-        written += range.len;
+        written += window(j).len;
     });
     assert_eq!(
         written, columns,

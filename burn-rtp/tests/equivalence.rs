@@ -8,10 +8,9 @@
 mod common;
 
 use burn::backend::{Autodiff, NdArray};
-use burn_rtp::{launch, Chaos, Delivery, RotationMode, Rtp, RtpConfig, RtpOptimizer, Strategy};
+use burn_rtp::{launch, Chaos, Delivery, RotationMode, Rtp, RtpConfig, Strategy};
 use common::*;
 
-type Ref = Autodiff<NdArray>;
 type Dist = Autodiff<Rtp<NdArray>>;
 
 /// Turns on the transport's chaos mode when `RTP_CHAOS_SEED` asks for it; each configuration
@@ -49,34 +48,9 @@ fn run_lm_with(config: RtpConfig) {
     let world = config.world_size;
     let label = format!("N={world} {} {}", config.strategy, config.rotation);
     let config = stressed(config, &format!("lm {label}"));
-    let device = Default::default();
     let weights = lm_weights(SEED);
-    let reference = load_bytes(TinyLm::<Ref>::new(&device), &weights, &device);
-    let (trained, ref_losses) = train(
-        reference,
-        adam().init(),
-        Which::Lm,
-        STEPS,
-        0..GLOBAL_BATCH,
-        &device,
-        step_loss_lm,
-    );
-    let ref_params = param_values(&trained);
-    let runs = launch(config, |device| {
-        let model = load_bytes(TinyLm::<Dist>::new(&device), &weights, &device);
-        let optim = RtpOptimizer::new(adam().init());
-        let (model, losses) = train(
-            model,
-            optim,
-            Which::Lm,
-            STEPS,
-            rows(device.rank(), world),
-            &device,
-            step_loss_lm,
-        );
-        (losses, param_values(&model))
-    })
-    .expect("RTP run");
+    let (ref_losses, ref_params) = reference_lm(&weights);
+    let runs = rtp_lm_on::<NdArray>(config, &weights).expect("RTP run");
     if let Err(e) = compare(Which::Lm, &ref_losses, &ref_params, &runs, &label) {
         panic!("{e}");
     }

@@ -6,8 +6,9 @@ use crate::sharding::Layout;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::{ActivationOps, FloatTensor};
 use burn::tensor::Scalar;
+use burn_rtp_kernels::RotationKernels;
 
-impl<B: Backend> ActivationOps<Self> for Rtp<B> {
+impl<B: RotationKernels> ActivationOps<Self> for Rtp<B> {
     fn leaky_relu(tensor: FloatTensor<Self>, negative_slope: Scalar) -> FloatTensor<Self> {
         unary(tensor, |t| B::leaky_relu(t, negative_slope))
     }

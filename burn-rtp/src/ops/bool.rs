@@ -5,13 +5,14 @@ use crate::device::current_device;
 use crate::device::RtpDevice;
 use crate::sharding::Layout;
 use crate::tensor::RtpTensor;
-use burn::tensor::backend::{Backend, ExecutionError};
+use burn::tensor::backend::ExecutionError;
 use burn::tensor::ops::*;
 use burn::tensor::{BoolDType, FloatDType, IntDType, Scalar, Shape, Slice, TensorData};
+use burn_rtp_kernels::RotationKernels;
 
 type Device<B> = <B as burn::tensor::backend::BackendTypes>::Device;
 
-impl<B: Backend> BoolTensorOps<Self> for Rtp<B> {
+impl<B: RotationKernels> BoolTensorOps<Self> for Rtp<B> {
     async fn bool_into_data(tensor: BoolTensor<Self>) -> Result<TensorData, ExecutionError> {
         B::bool_into_data(tensor).await
     }

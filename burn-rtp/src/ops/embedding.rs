@@ -7,11 +7,12 @@ use super::weights::{gather_unit, local, mean_over_ranks, reduce_scatter_full, W
 use crate::rotation::{reduce_scatter, rotate_columns};
 use crate::sharding::Layout;
 use crate::tensor::RtpTensor;
-use burn::tensor::backend::Backend;
+use burn::tensor::{Shape, TensorMetadata};
 use burn_rtp_kernels as kernels;
+use burn_rtp_kernels::RotationKernels;
 
 /// `embedding(weights, indices)`.
-pub(super) fn forward<B: Backend>(
+pub(super) fn forward<B: RotationKernels>(
     weights: RtpTensor<B>,
     indices: B::IntTensorPrimitive,
 ) -> RtpTensor<B> {
@@ -27,14 +28,22 @@ pub(super) fn forward<B: Backend>(
         }
         WeightUse::Rotated(spec) => {
             let rows = spec.full[0];
+            let w = &weights.inner;
+            let mut dims = indices.shape().to_vec();
+            dims.push(spec.last());
+            let y = B::float_empty(Shape::from(dims), &B::float_device(w), w.dtype().into());
             let y = rotate_columns(
                 &ctx,
                 "embedding.forward",
                 vec![weights.inner.clone()],
                 |j| vec![vec![rows, spec.range(j).len]],
-                |_, shard| kernels::embedding_columns::<B>(shard[0].clone(), indices.clone()),
+                y,
+                B::kernel_path() == kernels::KernelPath::Generic,
+                |y, j, shard| {
+                    let start = spec.range(j).start;
+                    kernels::embedding_step::<B>(y, shard[0].clone(), indices.clone(), start)
+                },
                 |j| spec.range(j),
-                spec.last(),
             );
             y.into_local(ctx)
         }
@@ -42,7 +51,7 @@ pub(super) fn forward<B: Backend>(
 }
 
 /// The weight gradient of `embedding(weights, indices)`, laid out like `weights`.
-pub(super) fn backward<B: Backend>(
+pub(super) fn backward<B: RotationKernels>(
     weights: RtpTensor<B>,
     output_grad: RtpTensor<B>,
     indices: B::IntTensorPrimitive,
@@ -70,13 +79,17 @@ pub(super) fn backward<B: Backend>(
                 |j| vec![vec![rows, spec.range(j).len]],
                 |j| {
                     let range = spec.range(j);
-                    let dy_j = kernels::column_slice::<B>(dy.get(), range.start, range.len);
-                    vec![kernels::accumulate_embedding_grad::<B>(
-                        None,
-                        rows,
-                        dy_j,
-                        indices.clone(),
-                    )]
+                    let window = kernels::Window::new(range.start, range.len);
+                    let dy = dy.get();
+                    let dy_shape = dy.shape().to_vec();
+                    let g = kernels::embedding_grad_step::<B>(rows, dy, indices.clone(), window)
+                        .unwrap_or_else(|e| {
+                            panic!(
+                                "rank {}: `embedding.backward` shard {j} (dy {dy_shape:?}): {e}",
+                                ctx.rank
+                            )
+                        });
+                    vec![g]
                 },
             );
             let g = mean_over_ranks(&ctx, own.remove(0));

@@ -12,6 +12,7 @@ use burn::tensor::ops::{BoolTensor, FloatTensor, FloatTensorOps, IntTensor};
 use burn::tensor::{
     BoolDType, Distribution, FloatDType, IntDType, Scalar, Shape, Slice, TensorData, TensorMetadata,
 };
+use burn_rtp_kernels::RotationKernels;
 use std::sync::Arc;
 
 /// How a tensor created on `device` is placed: a parameter (inside persistent allocation) is
@@ -206,7 +207,7 @@ macro_rules! along_ops {
     };
 }
 
-impl<B: Backend> FloatTensorOps<Self> for Rtp<B> {
+impl<B: RotationKernels> FloatTensorOps<Self> for Rtp<B> {
     fn float_from_data(data: TensorData, device: &RtpDevice<B>) -> FloatTensor<Self> {
         let shape = data.shape.clone();
         let ctx = device.ctx.clone();

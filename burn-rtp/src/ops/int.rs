@@ -5,15 +5,16 @@ use crate::device::current_device;
 use crate::device::RtpDevice;
 use crate::sharding::Layout;
 use crate::tensor::RtpTensor;
-use burn::tensor::backend::{Backend, ExecutionError};
+use burn::tensor::backend::ExecutionError;
 use burn::tensor::ops::*;
 use burn::tensor::{
     BoolDType, Distribution, FloatDType, IntDType, Scalar, Shape, Slice, TensorData,
 };
+use burn_rtp_kernels::RotationKernels;
 
 type Device<B> = <B as burn::tensor::backend::BackendTypes>::Device;
 
-impl<B: Backend> IntTensorOps<Self> for Rtp<B> {
+impl<B: RotationKernels> IntTensorOps<Self> for Rtp<B> {
     async fn int_into_data(tensor: IntTensor<Self>) -> Result<TensorData, ExecutionError> {
         B::int_into_data(tensor).await
     }

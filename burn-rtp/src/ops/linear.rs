@@ -18,6 +18,7 @@ use crate::world::RankCtx;
 use burn::tensor::backend::Backend;
 use burn::tensor::TensorMetadata;
 use burn_rtp_kernels as kernels;
+use burn_rtp_kernels::RotationKernels;
 use std::sync::Arc;
 
 /// The shard spec of a bias that travels with a weight sharded by `spec` (split like its
@@ -40,7 +41,7 @@ struct Grads<B: Backend> {
 /// accumulated; with `x` this rank's `xᵀ dy_j` travels to shard `j`'s home (dW); with
 /// `bias` the column sums of `dy_j` travel with it (db). Any subset works; with nothing to
 /// rotate or carry it is not called.
-fn backward_pass<B: Backend>(
+fn backward_pass<B: RotationKernels>(
     ctx: &Arc<RankCtx<B>>,
     spec: &ShardSpec,
     weight: Option<Float<B>>,
@@ -52,9 +53,12 @@ fn backward_pass<B: Backend>(
     let rotates = weight.is_some();
     let with_x = x.is_some();
     let with_bias = bias.is_some();
-    let dy_j = |j: usize| {
+    let window = |j: usize| {
         let range = spec.range(j);
-        kernels::column_slice::<B>(dy.get(), range.start, range.len)
+        kernels::Window::new(range.start, range.len)
+    };
+    let shapes = |tensors: &[&Float<B>]| -> Vec<Vec<usize>> {
+        tensors.iter().map(|t| t.shape().to_vec()).collect()
     };
     // The dX accumulator, charged as local from its first contribution on.
     let mut acc: Option<Float<B>> = None;
@@ -64,7 +68,15 @@ fn backward_pass<B: Backend>(
         rot_shapes: |j: usize| vec![vec![d_in, spec.range(j).len]],
         compute: |j: usize, shard: &[Float<B>]| {
             if let Some(w_j) = shard.first() {
-                let sum = kernels::accumulate_x_grad::<B>(acc.take(), w_j.clone(), dy_j(j));
+                let dy = dy.get();
+                let sum = kernels::x_grad_step::<B>(acc.take(), w_j.clone(), dy.clone(), window(j))
+                    .unwrap_or_else(|e| {
+                        panic!(
+                            "rank {}: `linear.backward_x` shard {j} (weight, dy {:?}): {e}",
+                            ctx.rank,
+                            shapes(&[w_j, &dy])
+                        )
+                    });
                 acc_charge
                     .get_or_insert_with(|| transient::<B>(&ctx.ledger, std::slice::from_ref(&sum)));
                 acc = Some(sum);
@@ -88,19 +100,27 @@ fn backward_pass<B: Backend>(
         (false, true) => "linear.backward_weight",
         (false, false) => "linear.backward_bias",
     };
-    let mut own = ring_pass(ctx, op, pass, |j| {
-        let mut parts = Vec::new();
-        if let Some(x) = &x {
-            parts.push(kernels::accumulate_weight_grad::<B>(
-                None,
-                x.clone(),
-                dy_j(j),
-            ));
+    let mut own = ring_pass(ctx, op, pass, |j| match &x {
+        // dW_j and db_j from one step (one launch on cube backends).
+        Some(x) => {
+            let dy = dy.get();
+            let (dw, db) =
+                kernels::weight_grad_step::<B>(x.clone(), dy.clone(), window(j), with_bias)
+                    .unwrap_or_else(|e| {
+                        panic!(
+                            "rank {}: `{op}` shard {j} (x, dy {:?}): {e}",
+                            ctx.rank,
+                            shapes(&[x, &dy])
+                        )
+                    });
+            std::iter::once(dw).chain(db).collect()
         }
-        if with_bias {
-            parts.push(kernels::accumulate_bias_grad::<B>(None, dy_j(j)));
+        None if with_bias => {
+            let w = window(j);
+            let dy_j = kernels::column_slice::<B>(dy.get(), w.start, w.len);
+            vec![B::linear_bias_backward(dy_j)]
         }
-        parts
+        None => Vec::new(),
     })
     .into_iter();
     let dx = acc;
@@ -115,7 +135,7 @@ fn backward_pass<B: Backend>(
 }
 
 /// `linear(x, weight, bias)`, leaving a record for the backward.
-pub(super) fn forward<B: Backend>(
+pub(super) fn forward<B: RotationKernels>(
     x: RtpTensor<B>,
     weight: RtpTensor<B>,
     bias: Option<RtpTensor<B>>,
@@ -146,7 +166,7 @@ pub(super) fn forward<B: Backend>(
 
 /// RTP's forward: the weight shards (with a bias split like them) rotate, and each step
 /// writes its block of output columns.
-fn rotated_forward<B: Backend>(
+fn rotated_forward<B: RotationKernels>(
     ctx: &Arc<RankCtx<B>>,
     x: Held<B>,
     weight: RtpTensor<B>,
@@ -164,6 +184,7 @@ fn rotated_forward<B: Backend>(
         None => (vec![weight.inner.clone()], None),
     };
     let with_bias = bundle.len() == 2;
+    let y = kernels::output_for_columns::<B>(&x.get(), spec.last());
     let mut y = rotate_columns(
         ctx,
         "linear.forward",
@@ -176,9 +197,13 @@ fn rotated_forward<B: Backend>(
             }
             shapes
         },
-        |_, shard| kernels::linear_columns::<B>(x.get(), shard[0].clone(), shard.get(1).cloned()),
+        y,
+        B::kernel_path() == kernels::KernelPath::Generic,
+        |y, j, shard| {
+            let start = spec.range(j).start;
+            kernels::forward_step::<B>(y, x.get(), shard[0].clone(), shard.get(1).cloned(), start)
+        },
         |j| spec.range(j),
-        spec.last(),
     )
     .into_local(ctx.clone());
     if let Some(b) = late_bias {
@@ -189,7 +214,10 @@ fn rotated_forward<B: Backend>(
 
 /// dX. With a rotating weight it runs the Linear's whole backward pass when it can find the
 /// forward's `x`, and leaves dW and db for the calls that follow.
-pub(super) fn x_backward<B: Backend>(weight: RtpTensor<B>, dy: RtpTensor<B>) -> RtpTensor<B> {
+pub(super) fn x_backward<B: RotationKernels>(
+    weight: RtpTensor<B>,
+    dy: RtpTensor<B>,
+) -> RtpTensor<B> {
     let ctx = weight.ctx.clone();
     let op = "linear_x_backward";
     match WeightUse::of(&weight) {
@@ -224,7 +252,10 @@ pub(super) fn x_backward<B: Backend>(weight: RtpTensor<B>, dy: RtpTensor<B>) -> 
 
 /// dW: computed ahead by the dX pass from these very tensors, or now, by the layout of the
 /// weight the forward used.
-pub(super) fn weight_backward<B: Backend>(x: RtpTensor<B>, dy: RtpTensor<B>) -> RtpTensor<B> {
+pub(super) fn weight_backward<B: RotationKernels>(
+    x: RtpTensor<B>,
+    dy: RtpTensor<B>,
+) -> RtpTensor<B> {
     let ctx = x.ctx.clone();
     let op = "linear_weight_backward";
     let mut pairing = ctx.pairing.lock().unwrap();
@@ -263,7 +294,7 @@ pub(super) fn weight_backward<B: Backend>(x: RtpTensor<B>, dy: RtpTensor<B>) -> 
 }
 
 /// db: computed ahead by the pass of this `dy`, or now, by the layout of the forward's bias.
-pub(super) fn bias_backward<B: Backend>(dy: RtpTensor<B>) -> RtpTensor<B> {
+pub(super) fn bias_backward<B: RotationKernels>(dy: RtpTensor<B>) -> RtpTensor<B> {
     let ctx = dy.ctx.clone();
     let (db, layout) = ctx.pairing.lock().unwrap().claim_bias(&dy);
     if let Some(db) = db {

@@ -8,43 +8,43 @@ use crate::accounting::Held;
 use crate::backend::Rtp;
 use crate::tensor::RtpTensor;
 use crate::world::RankCtx;
-use burn::tensor::backend::Backend;
 use burn::tensor::ops::*;
+use burn_rtp_kernels::RotationKernels;
 use std::sync::Arc;
 
 /// The full inner tensor of an optional operand.
-fn opt_full<B: Backend>(t: Option<RtpTensor<B>>, op: &'static str) -> Option<Held<B>> {
+fn opt_full<B: RotationKernels>(t: Option<RtpTensor<B>>, op: &'static str) -> Option<Held<B>> {
     t.map(|t| full_inner(t, op))
 }
 
 /// A handle to an optional held operand, for the inner op.
-fn opt_get<B: Backend>(t: &Option<Held<B>>) -> Option<Float<B>> {
+fn opt_get<B: RotationKernels>(t: &Option<Held<B>>) -> Option<Float<B>> {
     t.as_ref().map(Held::get)
 }
 
 /// A pair of per-rank results.
-fn local_pair<B: Backend>(
+fn local_pair<B: RotationKernels>(
     ctx: &Arc<RankCtx<B>>,
     (a, b): (Float<B>, Float<B>),
 ) -> (RtpTensor<B>, RtpTensor<B>) {
     (local(ctx, a), local(ctx, b))
 }
 
-fn local_pool_with_indices<B: Backend>(
+fn local_pool_with_indices<B: RotationKernels>(
     ctx: &Arc<RankCtx<B>>,
     out: MaxPool2dWithIndices<B>,
 ) -> MaxPool2dWithIndices<Rtp<B>> {
     MaxPool2dWithIndices::new(local(ctx, out.output), out.indices)
 }
 
-fn local_pool_backward<B: Backend>(
+fn local_pool_backward<B: RotationKernels>(
     ctx: &Arc<RankCtx<B>>,
     out: MaxPool2dBackward<B>,
 ) -> MaxPool2dBackward<Rtp<B>> {
     MaxPool2dBackward::new(local(ctx, out.x_grad))
 }
 
-fn local_deform_backward<B: Backend>(
+fn local_deform_backward<B: RotationKernels>(
     ctx: &Arc<RankCtx<B>>,
     g: DeformConv2dBackward<B>,
 ) -> DeformConv2dBackward<Rtp<B>> {
@@ -109,7 +109,7 @@ macro_rules! gather_and_forward {
     };
 }
 
-impl<B: Backend> ModuleOps<Self> for Rtp<B> {
+impl<B: RotationKernels> ModuleOps<Self> for Rtp<B> {
     fn embedding(weights: FloatTensor<Self>, indices: IntTensor<Self>) -> FloatTensor<Self> {
         super::embedding::forward(weights, indices)
     }

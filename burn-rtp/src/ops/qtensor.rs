@@ -5,16 +5,17 @@ use crate::device::current_device;
 use crate::device::RtpDevice;
 use crate::sharding::Layout;
 use crate::tensor::RtpTensor;
-use burn::tensor::backend::{Backend, ExecutionError};
+use burn::tensor::backend::ExecutionError;
 use burn::tensor::ops::*;
 use burn::tensor::{FloatDType, Shape, Slice, TensorData};
+use burn_rtp_kernels::RotationKernels;
 
 type Device<B> = <B as burn::tensor::backend::BackendTypes>::Device;
 
 use super::full_inner;
 use burn::tensor::quantization::{QuantScheme, QuantizationParametersPrimitive};
 
-impl<B: Backend> QTensorOps<Self> for Rtp<B> {
+impl<B: RotationKernels> QTensorOps<Self> for Rtp<B> {
     async fn q_into_data(tensor: QuantizedTensor<Self>) -> Result<TensorData, ExecutionError> {
         B::q_into_data(tensor).await
     }

@@ -1,7 +1,7 @@
 //! Transactions read through the float/int/bool ops, so sharded tensors are gathered there.
 
 use crate::backend::Rtp;
-use burn::tensor::backend::Backend;
 use burn::tensor::ops::TransactionOps;
+use burn_rtp_kernels::RotationKernels;
 
-impl<B: Backend> TransactionOps<Self> for Rtp<B> {}
+impl<B: RotationKernels> TransactionOps<Self> for Rtp<B> {}

@@ -15,7 +15,7 @@ use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Int, Tensor, TensorData};
-use burn_rtp::{launch, Rtp, RtpConfig, RtpOptimizer, RtpResult};
+use burn_rtp::{launch, RotationKernels, Rtp, RtpConfig, RtpOptimizer, RtpResult};
 
 pub const VOCAB: usize = 67;
 pub const D_MODEL: usize = 36;
@@ -423,9 +423,21 @@ pub fn reference_mlp_split(weights: &[u8], blocks: usize) -> RankRun {
 
 /// Distributed training of the MLP from `weights` under `config`, every rank's run.
 pub fn rtp_mlp(config: RtpConfig, weights: &[u8]) -> RtpResult<Vec<RankRun>> {
+    rtp_mlp_on::<burn::backend::NdArray>(config, weights)
+}
+
+/// [`rtp_mlp`] on the inner backend `I`.
+pub fn rtp_mlp_on<I: RotationKernels>(
+    config: RtpConfig,
+    weights: &[u8],
+) -> RtpResult<Vec<RankRun>> {
     let world = config.world_size;
     launch(config, |device| {
-        let model = load_bytes(Mlp::<DistB>::new(&device), weights, &device);
+        let model = load_bytes(
+            Mlp::<burn::backend::Autodiff<Rtp<I>>>::new(&device),
+            weights,
+            &device,
+        );
         let optim = RtpOptimizer::new(adam().init());
         let (model, losses) = train(
             model,
@@ -435,6 +447,45 @@ pub fn rtp_mlp(config: RtpConfig, weights: &[u8]) -> RtpResult<Vec<RankRun>> {
             rows(device.rank(), world),
             &device,
             step_loss_mlp,
+        );
+        (losses, param_values(&model))
+    })
+}
+
+/// Single-device training of the tiny LM from `weights`: losses and final parameters.
+pub fn reference_lm(weights: &[u8]) -> RankRun {
+    let device = Default::default();
+    let reference = load_bytes(TinyLm::<RefB>::new(&device), weights, &device);
+    let (trained, losses) = train(
+        reference,
+        adam().init(),
+        Which::Lm,
+        STEPS,
+        0..GLOBAL_BATCH,
+        &device,
+        step_loss_lm,
+    );
+    (losses, param_values(&trained))
+}
+
+/// Distributed training of the tiny LM from `weights` on the inner backend `I`.
+pub fn rtp_lm_on<I: RotationKernels>(config: RtpConfig, weights: &[u8]) -> RtpResult<Vec<RankRun>> {
+    let world = config.world_size;
+    launch(config, |device| {
+        let model = load_bytes(
+            TinyLm::<burn::backend::Autodiff<Rtp<I>>>::new(&device),
+            weights,
+            &device,
+        );
+        let optim = RtpOptimizer::new(adam().init());
+        let (model, losses) = train(
+            model,
+            optim,
+            Which::Lm,
+            STEPS,
+            rows(device.rank(), world),
+            &device,
+            step_loss_lm,
         );
         (losses, param_values(&model))
     })

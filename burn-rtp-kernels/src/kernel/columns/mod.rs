@@ -33,6 +33,49 @@ pub enum ColumnError {
         /// Shape of the output.
         output: Vec<usize>,
     },
+    /// The operands of a step do not fit together (inner dimensions, window width, rows).
+    #[error("`{op}`: operands of shapes {shapes:?} do not fit together")]
+    Mismatch {
+        /// The step refused.
+        op: &'static str,
+        /// The operands' shapes, in argument order.
+        shapes: Vec<Vec<usize>>,
+    },
+}
+
+/// Columns `[start, start + len)` of a tensor's last dimension.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    /// First column.
+    pub start: usize,
+    /// Number of columns.
+    pub len: usize,
+}
+
+impl Window {
+    /// Columns `[start, start + len)`.
+    pub fn new(start: usize, len: usize) -> Self {
+        Window { start, len }
+    }
+
+    /// All `len` columns.
+    pub fn all(len: usize) -> Self {
+        Window { start: 0, len }
+    }
+
+    /// Refuses a window that reaches past the last dimension of a tensor of shape `shape`.
+    pub fn check(self, shape: &[usize]) -> Result<Self, ColumnError> {
+        let columns = shape.last().copied().unwrap_or(0);
+        if shape.is_empty() || self.start + self.len > columns {
+            return Err(ColumnError::OutOfBounds {
+                start: self.start,
+                end: self.start + self.len,
+                columns,
+                shape: shape.to_vec(),
+            });
+        }
+        Ok(self)
+    }
 }
 
 /// Columns `[start, start + len)` of the last dimension of `t`.

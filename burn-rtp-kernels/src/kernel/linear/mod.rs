@@ -1,40 +1,150 @@
-//! Linear against one weight shard: forward columns, and the three backward accumulations.
+//! Linear against one weight shard `W_j` (`[d_in, w]`, columns `win` of the whole weight):
+//! the forward step and the two gradient steps, each reading and writing the column window
+//! `win` of Y or dY where it lies.
+//!
+//! The entry points check shapes and windows, then run the backend's implementation
+//! ([`RotationKernels`]): the tiled `#[cube]` GEMM of `gemm.rs` on cube backends, or the
+//! compositions of Burn ops below on any other backend.
 
-use burn::tensor::backend::Backend;
+#[cfg(feature = "cube")]
+pub(crate) mod gemm;
+#[cfg(feature = "cube")]
+pub(crate) mod launch;
 
+use crate::dispatch::RotationKernels;
+use crate::kernel::columns::{column_slice, write_columns, ColumnError, Window};
 use crate::Float;
+use burn::tensor::backend::Backend;
+use burn::tensor::TensorMetadata;
 
-fn accumulate<B: Backend>(acc: Option<Float<B>>, value: Float<B>) -> Float<B> {
-    match acc {
-        Some(acc) => B::float_add(acc, value),
-        None => value,
+fn shape<B: Backend>(t: &Float<B>) -> Vec<usize> {
+    t.shape().to_vec()
+}
+
+fn leading(shape: &[usize]) -> &[usize] {
+    &shape[..shape.len().saturating_sub(1)]
+}
+
+fn last(shape: &[usize]) -> usize {
+    shape.last().copied().unwrap_or(0)
+}
+
+/// `Y[.., start..start+w] = X · W_j (+ b_j)`, written into `y` (allocated once per forward,
+/// e.g. by [`crate::output_for_columns`]); returns `y`.
+pub fn forward_step<B: RotationKernels>(
+    y: Float<B>,
+    x: Float<B>,
+    w_j: Float<B>,
+    b_j: Option<Float<B>>,
+    start: usize,
+) -> Result<Float<B>, ColumnError> {
+    let (ys, xs, ws) = (shape::<B>(&y), shape::<B>(&x), shape::<B>(&w_j));
+    let bs = b_j.as_ref().map(shape::<B>);
+    let fits = xs.len() >= 2
+        && ws.len() == 2
+        && ys.len() == xs.len()
+        && leading(&ys) == leading(&xs)
+        && last(&xs) == ws[0]
+        && bs.as_ref().is_none_or(|b| b.as_slice() == [ws[1]]);
+    if !fits {
+        let mut shapes = vec![ys, xs, ws];
+        shapes.extend(bs);
+        return Err(ColumnError::Mismatch {
+            op: "linear forward step",
+            shapes,
+        });
     }
+    let window = Window::new(start, ws[1]).check(&ys)?;
+    Ok(B::linear_step(y, x, w_j, b_j, window))
 }
 
-/// `Y[:, cols(j)] = X W_j + b_j`.
-pub fn linear_columns<B: Backend>(x: Float<B>, w_j: Float<B>, b_j: Option<Float<B>>) -> Float<B> {
-    B::linear(x, w_j, b_j)
-}
-
-/// `dX += dY[:, cols(j)] W_jᵀ`.
-pub fn accumulate_x_grad<B: Backend>(
+/// `dX (+)= dY[.., win] · W_jᵀ`: added into `acc` when given, else a new tensor.
+pub fn x_grad_step<B: RotationKernels>(
     acc: Option<Float<B>>,
     w_j: Float<B>,
-    dy_j: Float<B>,
-) -> Float<B> {
-    accumulate::<B>(acc, B::linear_x_backward(w_j, dy_j))
+    dy: Float<B>,
+    window: Window,
+) -> Result<Float<B>, ColumnError> {
+    let (ws, ds) = (shape::<B>(&w_j), shape::<B>(&dy));
+    let acc_shape = acc.as_ref().map(shape::<B>);
+    let fits = ws.len() == 2
+        && ds.len() >= 2
+        && ws[1] == window.len
+        && acc_shape
+            .as_ref()
+            .is_none_or(|a| leading(a) == leading(&ds) && last(a) == ws[0]);
+    if !fits {
+        let mut shapes = vec![ws, ds];
+        shapes.extend(acc_shape);
+        return Err(ColumnError::Mismatch {
+            op: "linear input-gradient step",
+            shapes,
+        });
+    }
+    let window = window.check(&ds)?;
+    Ok(B::x_grad_step(acc, w_j, dy, window))
 }
 
-/// `G_j += Xᵀ dY[:, cols(j)]`, summed over all batch dimensions.
-pub fn accumulate_weight_grad<B: Backend>(
-    acc: Option<Float<B>>,
+/// `(Xᵀ · dY[.., win], Σ_rows dY[.., win])`, summed over every leading dimension; the bias
+/// gradient only `with_bias`.
+pub fn weight_grad_step<B: RotationKernels>(
     x: Float<B>,
-    dy_j: Float<B>,
-) -> Float<B> {
-    accumulate::<B>(acc, B::linear_weight_backward(x, dy_j))
+    dy: Float<B>,
+    window: Window,
+    with_bias: bool,
+) -> Result<(Float<B>, Option<Float<B>>), ColumnError> {
+    let (xs, ds) = (shape::<B>(&x), shape::<B>(&dy));
+    if xs.len() < 2 || xs.len() != ds.len() || leading(&xs) != leading(&ds) {
+        return Err(ColumnError::Mismatch {
+            op: "linear weight-gradient step",
+            shapes: vec![xs, ds],
+        });
+    }
+    let window = window.check(&ds)?;
+    Ok(B::weight_grad_step(x, dy, window, with_bias))
 }
 
-/// `g_bj += Σ_rows dY[:, cols(j)]`.
-pub fn accumulate_bias_grad<B: Backend>(acc: Option<Float<B>>, dy_j: Float<B>) -> Float<B> {
-    accumulate::<B>(acc, B::linear_bias_backward(dy_j))
+/// The compositions of Burn ops that every backend runs; what [`RotationKernels`]' default
+/// methods call.
+pub mod generic {
+    use super::*;
+
+    /// One GEMM into a block, then the block written into the window (no concatenation).
+    pub fn forward<B: Backend>(
+        y: Float<B>,
+        x: Float<B>,
+        w_j: Float<B>,
+        b_j: Option<Float<B>>,
+        window: Window,
+    ) -> Float<B> {
+        let block = B::linear(x, w_j, b_j);
+        write_columns::<B>(y, block, window.start).expect("the entry point checked the window")
+    }
+
+    /// The window sliced as a view, one GEMM, one add.
+    pub fn x_grad<B: Backend>(
+        acc: Option<Float<B>>,
+        w_j: Float<B>,
+        dy: Float<B>,
+        window: Window,
+    ) -> Float<B> {
+        let dy_j = column_slice::<B>(dy, window.start, window.len);
+        let g = B::linear_x_backward(w_j, dy_j);
+        match acc {
+            Some(acc) => B::float_add(acc, g),
+            None => g,
+        }
+    }
+
+    /// The window sliced as a view, one GEMM and one column sum.
+    pub fn weight_grad<B: Backend>(
+        x: Float<B>,
+        dy: Float<B>,
+        window: Window,
+        with_bias: bool,
+    ) -> (Float<B>, Option<Float<B>>) {
+        let dy_j = column_slice::<B>(dy, window.start, window.len);
+        let db = with_bias.then(|| B::linear_bias_backward(dy_j.clone()));
+        (B::linear_weight_backward(x, dy_j), db)
+    }
 }

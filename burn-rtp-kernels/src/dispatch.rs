@@ -1,0 +1,190 @@
+//! Which implementation runs a rotation step: one small trait, implemented by every inner
+//! backend `Rtp` accepts.
+//!
+//! Its methods take operands already checked by the entry points in [`crate::kernel`]. The
+//! default methods are the generic compositions of Burn ops; cube backends (wgpu, CUDA)
+//! override them with the fused `#[cube]` kernels.
+
+use crate::kernel::columns::Window;
+use crate::kernel::{embedding, linear};
+use crate::{Float, Int};
+use burn::tensor::backend::Backend;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The implementation behind a backend's rotation steps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KernelPath {
+    /// Compositions of the backend's own ops (one GEMM, then a window write or an add).
+    Generic,
+    /// The fused `#[cube]` kernels of this crate.
+    Fused,
+}
+
+impl std::fmt::Display for KernelPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            KernelPath::Generic => "generic",
+            KernelPath::Fused => "fused",
+        })
+    }
+}
+
+static FUSED_LAUNCHES: AtomicU64 = AtomicU64::new(0);
+
+/// Fused kernels launched by this process so far: tests read it to prove which path ran.
+pub fn fused_launches() -> u64 {
+    FUSED_LAUNCHES.load(Ordering::Relaxed)
+}
+
+/// Counts one fused launch.
+#[cfg_attr(not(feature = "cube"), allow(dead_code))]
+pub(crate) fn count_fused_launch() {
+    FUSED_LAUNCHES.fetch_add(1, Ordering::Relaxed);
+}
+
+/// The per-step compute of a rotation, by backend. Callers use the checked entry points
+/// ([`crate::forward_step`] and the others), which call these methods.
+pub trait RotationKernels: Backend {
+    /// The implementation this backend's steps take.
+    fn kernel_path() -> KernelPath {
+        KernelPath::Generic
+    }
+
+    /// `Y[.., win] = X · W_j (+ b_j)` into `y`.
+    fn linear_step(
+        y: Float<Self>,
+        x: Float<Self>,
+        w_j: Float<Self>,
+        b_j: Option<Float<Self>>,
+        window: Window,
+    ) -> Float<Self> {
+        linear::generic::forward::<Self>(y, x, w_j, b_j, window)
+    }
+
+    /// `dX (+)= dY[.., win] · W_jᵀ`.
+    fn x_grad_step(
+        acc: Option<Float<Self>>,
+        w_j: Float<Self>,
+        dy: Float<Self>,
+        window: Window,
+    ) -> Float<Self> {
+        linear::generic::x_grad::<Self>(acc, w_j, dy, window)
+    }
+
+    /// `(Xᵀ · dY[.., win], Σ_rows dY[.., win])`.
+    fn weight_grad_step(
+        x: Float<Self>,
+        dy: Float<Self>,
+        window: Window,
+        with_bias: bool,
+    ) -> (Float<Self>, Option<Float<Self>>) {
+        linear::generic::weight_grad::<Self>(x, dy, window, with_bias)
+    }
+
+    /// `Y[.., win] = W_j[indices]` into `y`.
+    fn embedding_step(
+        y: Float<Self>,
+        w_j: Float<Self>,
+        indices: Int<Self>,
+        window: Window,
+    ) -> Float<Self> {
+        embedding::generic::forward::<Self>(y, w_j, indices, window)
+    }
+
+    /// `G_j[indices[r]] += dY[r, win]` into a new `[n_embeddings, w]` tensor.
+    fn embedding_grad_step(
+        n_embeddings: usize,
+        dy: Float<Self>,
+        indices: Int<Self>,
+        window: Window,
+    ) -> Float<Self> {
+        embedding::generic::grad::<Self>(n_embeddings, dy, indices, window)
+    }
+}
+
+/// NdArray has no kernels of ours: the generic compositions.
+impl<E, I, Q> RotationKernels for burn::backend::NdArray<E, I, Q>
+where
+    E: burn::backend::ndarray::FloatNdArrayElement,
+    I: burn::backend::ndarray::IntNdArrayElement,
+    Q: burn::backend::ndarray::QuantElement,
+    burn::backend::ndarray::NdArrayTensor: From<burn::backend::ndarray::SharedArray<E>>,
+    burn::backend::ndarray::NdArrayTensor: From<burn::backend::ndarray::SharedArray<I>>,
+{
+}
+
+/// Burn's fusion backend records ops lazily; its steps stay compositions of its own ops,
+/// which it fuses as it sees fit.
+#[cfg(feature = "fusion")]
+impl<B: burn_fusion::FusionBackend> RotationKernels for burn_fusion::Fusion<B> {}
+
+#[cfg(feature = "cube")]
+mod cube {
+    use super::*;
+    use crate::kernel::embedding::{gather, scatter};
+    use crate::kernel::linear::launch;
+    use burn::tensor::backend::DeviceOps;
+    use burn_cubecl::cubecl::server::ComputeServer;
+    use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
+
+    /// Cube backends (wgpu, CUDA, ...) run the fused kernels.
+    impl<R, F, I, BT> RotationKernels for CubeBackend<R, F, I, BT>
+    where
+        R: CubeRuntime,
+        R::Server: ComputeServer,
+        R::Device: DeviceOps,
+        F: FloatElement,
+        I: IntElement,
+        BT: BoolElement,
+    {
+        fn kernel_path() -> KernelPath {
+            KernelPath::Fused
+        }
+
+        fn linear_step(
+            y: Float<Self>,
+            x: Float<Self>,
+            w_j: Float<Self>,
+            b_j: Option<Float<Self>>,
+            window: Window,
+        ) -> Float<Self> {
+            launch::forward(y, x, w_j, b_j, window)
+        }
+
+        fn x_grad_step(
+            acc: Option<Float<Self>>,
+            w_j: Float<Self>,
+            dy: Float<Self>,
+            window: Window,
+        ) -> Float<Self> {
+            launch::x_grad(acc, w_j, dy, window)
+        }
+
+        fn weight_grad_step(
+            x: Float<Self>,
+            dy: Float<Self>,
+            window: Window,
+            with_bias: bool,
+        ) -> (Float<Self>, Option<Float<Self>>) {
+            launch::weight_grad(x, dy, window, with_bias)
+        }
+
+        fn embedding_step(
+            y: Float<Self>,
+            w_j: Float<Self>,
+            indices: Int<Self>,
+            window: Window,
+        ) -> Float<Self> {
+            gather::launch(y, w_j, indices, window)
+        }
+
+        fn embedding_grad_step(
+            n_embeddings: usize,
+            dy: Float<Self>,
+            indices: Int<Self>,
+            window: Window,
+        ) -> Float<Self> {
+            scatter::launch(n_embeddings, dy, indices, window)
+        }
+    }
+}

@@ -1,0 +1,404 @@
+//! Every rotation step against a plain CPU reference (f64 loops over `Vec`s), on NdArray
+//! (the generic compositions) and, with `--features wgpu`, on wgpu (the fused `#[cube]`
+//! kernels, on Mesa's lavapipe in CI). Shapes are multiples of no tile size: 1 × 1, a
+//! window at the right edge, w = 1, d = 1000, three-dimensional inputs.
+//!
+//! On wgpu each case also asserts that fused kernels ran (the launch counter moved), so a
+//! kernel silently replaced by the generic path fails here.
+
+use burn::backend::NdArray;
+use burn::tensor::{Int, Tensor, TensorData, TensorPrimitive};
+use burn_rtp_kernels::{
+    embedding_grad_step, embedding_step, forward_step, fused_launches, weight_grad_step,
+    x_grad_step, ColumnError, Float, KernelPath, RotationKernels, Window,
+};
+
+/// Deterministic values in [-1, 1).
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn float<B: RotationKernels>(v: &[f32], shape: &[usize], device: &B::Device) -> Float<B> {
+    let data = TensorData::new(v.to_vec(), shape.to_vec());
+    match shape.len() {
+        1 => Tensor::<B, 1>::from_data(data, device)
+            .into_primitive()
+            .tensor(),
+        2 => Tensor::<B, 2>::from_data(data, device)
+            .into_primitive()
+            .tensor(),
+        3 => Tensor::<B, 3>::from_data(data, device)
+            .into_primitive()
+            .tensor(),
+        d => panic!("no {d}-d tensors here"),
+    }
+}
+
+fn ints<B: RotationKernels>(
+    v: &[i64],
+    shape: &[usize],
+    device: &B::Device,
+) -> B::IntTensorPrimitive {
+    let data = TensorData::new(v.to_vec(), shape.to_vec());
+    match shape.len() {
+        1 => Tensor::<B, 1, Int>::from_data(data, device).into_primitive(),
+        2 => Tensor::<B, 2, Int>::from_data(data, device).into_primitive(),
+        d => panic!("no {d}-d indices here"),
+    }
+}
+
+fn read<B: RotationKernels>(t: Float<B>) -> Vec<f32> {
+    Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(t))
+        .into_data()
+        .convert::<f32>()
+        .to_vec::<f32>()
+        .expect("f32 data")
+}
+
+fn flat<B: RotationKernels>(t: Float<B>) -> Vec<f32> {
+    use burn::tensor::TensorMetadata;
+    let n = t.shape().num_elements();
+    read::<B>(B::float_reshape(t, burn::tensor::Shape::new([n])))
+}
+
+/// `got` equals `want` within f32 rounding of sums of `scale[i]` in magnitude.
+fn assert_close(what: &str, got: &[f32], want: &[f64], scale: &[f64]) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let tol = 1e-5 + 2e-6 * scale[i];
+        assert!(
+            (*g as f64 - w).abs() <= tol,
+            "{what}: element {i}: got {g}, want {w} (tolerance {tol})"
+        );
+    }
+}
+
+/// Fused launches made while `f` ran, asserted to be some on cube backends.
+fn fused<B: RotationKernels, T>(what: &str, f: impl FnOnce() -> T) -> T {
+    let before = fused_launches();
+    let out = f();
+    if B::kernel_path() == KernelPath::Fused {
+        assert!(fused_launches() > before, "{what}: no fused kernel ran");
+    }
+    out
+}
+
+/// One forward case: x `[lead.., d_in]`, a window of `w` columns at `start` of `cols`.
+fn forward_case<B: RotationKernels>(
+    lead: &[usize],
+    d_in: usize,
+    w: usize,
+    cols: usize,
+    start: usize,
+    bias: bool,
+    device: &B::Device,
+) {
+    let rows: usize = lead.iter().product();
+    let xs: Vec<usize> = lead.iter().copied().chain([d_in]).collect();
+    let (x, wt, b) = (values(rows * d_in, 1), values(d_in * w, 2), values(w, 3));
+    let y0 = values(rows * cols, 4);
+    let ys: Vec<usize> = lead.iter().copied().chain([cols]).collect();
+    let what = format!(
+        "forward {lead:?}x{d_in} · {d_in}x{w} into {start}..{} of {cols}",
+        start + w
+    );
+    let got = fused::<B, _>(&what, || {
+        forward_step::<B>(
+            float::<B>(&y0, &ys, device),
+            float::<B>(&x, &xs, device),
+            float::<B>(&wt, &[d_in, w], device),
+            bias.then(|| float::<B>(&b, &[w], device)),
+            start,
+        )
+        .expect("fits")
+    });
+    let mut want: Vec<f64> = y0.iter().map(|v| *v as f64).collect();
+    let mut scale = vec![0.0; rows * cols];
+    for r in 0..rows {
+        for c in 0..w {
+            let mut s: f64 = if bias { b[c] as f64 } else { 0.0 };
+            let mut m = s.abs();
+            for k in 0..d_in {
+                let t = x[r * d_in + k] as f64 * wt[k * w + c] as f64;
+                s += t;
+                m += t.abs();
+            }
+            want[r * cols + start + c] = s;
+            scale[r * cols + start + c] = m;
+        }
+    }
+    assert_close(&what, &flat::<B>(got), &want, &scale);
+}
+
+fn x_grad_case<B: RotationKernels>(
+    rows: usize,
+    d_in: usize,
+    w: usize,
+    cols: usize,
+    start: usize,
+    acc: bool,
+    device: &B::Device,
+) {
+    let (wt, dy, a) = (
+        values(d_in * w, 5),
+        values(rows * cols, 6),
+        values(rows * d_in, 7),
+    );
+    let what = format!(
+        "x grad {rows}x{cols}[{start}..{}] · ({d_in}x{w})ᵀ, acc {acc}",
+        start + w
+    );
+    let got = fused::<B, _>(&what, || {
+        x_grad_step::<B>(
+            acc.then(|| float::<B>(&a, &[rows, d_in], device)),
+            float::<B>(&wt, &[d_in, w], device),
+            float::<B>(&dy, &[rows, cols], device),
+            Window::new(start, w),
+        )
+        .expect("fits")
+    });
+    let mut want = vec![0.0; rows * d_in];
+    let mut scale = vec![0.0; rows * d_in];
+    for r in 0..rows {
+        for i in 0..d_in {
+            let mut s = if acc { a[r * d_in + i] as f64 } else { 0.0 };
+            let mut m = s.abs();
+            for c in 0..w {
+                let t = dy[r * cols + start + c] as f64 * wt[i * w + c] as f64;
+                s += t;
+                m += t.abs();
+            }
+            want[r * d_in + i] = s;
+            scale[r * d_in + i] = m;
+        }
+    }
+    assert_close(&what, &flat::<B>(got), &want, &scale);
+}
+
+fn weight_grad_case<B: RotationKernels>(
+    lead: &[usize],
+    d_in: usize,
+    w: usize,
+    cols: usize,
+    start: usize,
+    bias: bool,
+    device: &B::Device,
+) {
+    let rows: usize = lead.iter().product();
+    let (x, dy) = (values(rows * d_in, 8), values(rows * cols, 9));
+    let xs: Vec<usize> = lead.iter().copied().chain([d_in]).collect();
+    let ds: Vec<usize> = lead.iter().copied().chain([cols]).collect();
+    let what = format!(
+        "weight grad ({lead:?}x{d_in})ᵀ · dy[{start}..{}] of {cols}, bias {bias}",
+        start + w
+    );
+    let (g, db) = fused::<B, _>(&what, || {
+        weight_grad_step::<B>(
+            float::<B>(&x, &xs, device),
+            float::<B>(&dy, &ds, device),
+            Window::new(start, w),
+            bias,
+        )
+        .expect("fits")
+    });
+    let mut want = vec![0.0; d_in * w];
+    let mut scale = vec![0.0; d_in * w];
+    for i in 0..d_in {
+        for c in 0..w {
+            for r in 0..rows {
+                let t = x[r * d_in + i] as f64 * dy[r * cols + start + c] as f64;
+                want[i * w + c] += t;
+                scale[i * w + c] += t.abs();
+            }
+        }
+    }
+    assert_close(&what, &flat::<B>(g), &want, &scale);
+    assert_eq!(db.is_some(), bias, "{what}: bias gradient presence");
+    if let Some(db) = db {
+        let mut want = vec![0.0; w];
+        let mut scale = vec![0.0; w];
+        for c in 0..w {
+            for r in 0..rows {
+                want[c] += dy[r * cols + start + c] as f64;
+                scale[c] += (dy[r * cols + start + c] as f64).abs();
+            }
+        }
+        assert_close(&format!("{what} (bias)"), &flat::<B>(db), &want, &scale);
+    }
+}
+
+fn embedding_case<B: RotationKernels>(
+    tokens: &[usize],
+    n: usize,
+    w: usize,
+    cols: usize,
+    start: usize,
+    device: &B::Device,
+) {
+    let rows: usize = tokens.iter().product();
+    // Repeated indices, so the scatter must add.
+    let idx: Vec<i64> = (0..rows).map(|r| ((r * 7 + 3) % n) as i64).collect();
+    let (table, y0, dy) = (
+        values(n * w, 10),
+        values(rows * cols, 11),
+        values(rows * cols, 12),
+    );
+    let ys: Vec<usize> = tokens.iter().copied().chain([cols]).collect();
+    let what = format!(
+        "embedding {tokens:?} of {n}x{w} into {start}..{} of {cols}",
+        start + w
+    );
+    let got = fused::<B, _>(&what, || {
+        embedding_step::<B>(
+            float::<B>(&y0, &ys, device),
+            float::<B>(&table, &[n, w], device),
+            ints::<B>(&idx, tokens, device),
+            start,
+        )
+        .expect("fits")
+    });
+    let mut want: Vec<f64> = y0.iter().map(|v| *v as f64).collect();
+    for r in 0..rows {
+        for c in 0..w {
+            want[r * cols + start + c] = table[idx[r] as usize * w + c] as f64;
+        }
+    }
+    assert_close(&what, &flat::<B>(got), &want, &vec![0.0; want.len()]);
+
+    let g = fused::<B, _>(&format!("{what} (grad)"), || {
+        embedding_grad_step::<B>(
+            n,
+            float::<B>(&dy, &ys, device),
+            ints::<B>(&idx, tokens, device),
+            Window::new(start, w),
+        )
+        .expect("fits")
+    });
+    let mut want = vec![0.0; n * w];
+    let mut scale = vec![0.0; n * w];
+    for r in 0..rows {
+        for c in 0..w {
+            want[idx[r] as usize * w + c] += dy[r * cols + start + c] as f64;
+            scale[idx[r] as usize * w + c] += (dy[r * cols + start + c] as f64).abs();
+        }
+    }
+    assert_close(&format!("{what} (grad)"), &flat::<B>(g), &want, &scale);
+}
+
+fn all_cases<B: RotationKernels>(device: &B::Device) {
+    for bias in [false, true] {
+        forward_case::<B>(&[1], 1, 1, 1, 0, bias, device);
+        forward_case::<B>(&[5], 7, 3, 10, 7, bias, device);
+        forward_case::<B>(&[33], 17, 1, 5, 2, bias, device);
+        forward_case::<B>(&[2, 3], 19, 11, 30, 0, bias, device);
+        forward_case::<B>(&[70], 1000, 13, 40, 27, bias, device);
+        forward_case::<B>(&[9], 21, 333, 1000, 667, bias, device);
+    }
+    for acc in [false, true] {
+        x_grad_case::<B>(1, 1, 1, 1, 0, acc, device);
+        x_grad_case::<B>(5, 7, 3, 10, 7, acc, device);
+        x_grad_case::<B>(33, 17, 1, 5, 4, acc, device);
+        x_grad_case::<B>(70, 1000, 13, 40, 27, acc, device);
+        x_grad_case::<B>(9, 21, 333, 1000, 667, acc, device);
+    }
+    for bias in [false, true] {
+        weight_grad_case::<B>(&[1], 1, 1, 1, 0, bias, device);
+        weight_grad_case::<B>(&[5], 7, 3, 10, 7, bias, device);
+        weight_grad_case::<B>(&[33], 17, 1, 5, 4, bias, device);
+        weight_grad_case::<B>(&[2, 35], 19, 11, 30, 19, bias, device);
+        weight_grad_case::<B>(&[1000], 9, 13, 40, 27, bias, device);
+        weight_grad_case::<B>(&[9], 1000, 5, 1000, 995, bias, device);
+    }
+    embedding_case::<B>(&[1, 1], 1, 1, 1, 0, device);
+    embedding_case::<B>(&[3, 5], 4, 3, 10, 7, device);
+    embedding_case::<B>(&[33, 1], 67, 1, 5, 4, device);
+    embedding_case::<B>(&[2, 64], 1000, 17, 100, 83, device);
+}
+
+/// Windows and shapes that do not fit are refused before anything runs.
+fn refusals<B: RotationKernels>(device: &B::Device) {
+    let y = float::<B>(&values(20, 1), &[4, 5], device);
+    let x = float::<B>(&values(12, 2), &[4, 3], device);
+    let w = float::<B>(&values(6, 3), &[3, 2], device);
+    let past_edge = forward_step::<B>(y.clone(), x.clone(), w.clone(), None, 4);
+    assert!(
+        matches!(
+            past_edge,
+            Err(ColumnError::OutOfBounds {
+                start: 4,
+                end: 6,
+                columns: 5,
+                ..
+            })
+        ),
+        "{past_edge:?}"
+    );
+    let w_bad = float::<B>(&values(8, 3), &[4, 2], device);
+    let inner = forward_step::<B>(y.clone(), x.clone(), w_bad, None, 0);
+    assert!(
+        matches!(inner, Err(ColumnError::Mismatch { .. })),
+        "{inner:?}"
+    );
+    let dx = x_grad_step::<B>(None, w.clone(), y.clone(), Window::new(4, 2));
+    assert!(matches!(dx, Err(ColumnError::OutOfBounds { .. })), "{dx:?}");
+    let dw = weight_grad_step::<B>(
+        x.clone(),
+        float::<B>(&values(15, 4), &[3, 5], device),
+        Window::new(0, 2),
+        true,
+    );
+    assert!(matches!(dw, Err(ColumnError::Mismatch { .. })), "{dw:?}");
+    let idx = ints::<B>(&[0, 1, 2, 0], &[1, 4], device);
+    let y3 = float::<B>(&values(20, 1), &[1, 4, 5], device);
+    let emb = embedding_step::<B>(y3.clone(), w.clone(), idx.clone(), 4);
+    assert!(
+        matches!(emb, Err(ColumnError::OutOfBounds { .. })),
+        "{emb:?}"
+    );
+    let flat_idx = ints::<B>(&[0, 1, 2, 0], &[4], device);
+    let emb = embedding_step::<B>(y, w.clone(), flat_idx, 0);
+    assert!(matches!(emb, Err(ColumnError::Mismatch { .. })), "{emb:?}");
+    let eg = embedding_grad_step::<B>(3, y3, idx, Window::new(0, 6));
+    assert!(matches!(eg, Err(ColumnError::OutOfBounds { .. })), "{eg:?}");
+}
+
+#[test]
+fn generic_steps_match_the_reference_on_ndarray() {
+    assert_eq!(
+        <NdArray as RotationKernels>::kernel_path(),
+        KernelPath::Generic
+    );
+    all_cases::<NdArray>(&Default::default());
+}
+
+#[test]
+fn refusals_on_ndarray() {
+    refusals::<NdArray>(&Default::default());
+}
+
+#[cfg(feature = "wgpu")]
+mod wgpu {
+    use super::*;
+    use burn::backend::wgpu::{Wgpu, WgpuDevice};
+
+    #[test]
+    fn fused_kernels_match_the_reference_on_wgpu() {
+        assert_eq!(<Wgpu as RotationKernels>::kernel_path(), KernelPath::Fused);
+        all_cases::<Wgpu>(&WgpuDevice::default());
+    }
+
+    #[test]
+    fn refusals_on_wgpu() {
+        refusals::<Wgpu>(&WgpuDevice::default());
+    }
+}
