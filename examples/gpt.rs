@@ -116,6 +116,10 @@ struct TrainArgs {
     /// Inner backend (wgpu and cuda need the cargo features of the same names).
     #[arg(long, value_enum, default_value = "ndarray")]
     backend: BackendName,
+    /// fused | generic: on wgpu and cuda, the fused `#[cube]` rotation kernels or the
+    /// compositions of Burn ops they replace (to compare them; NdArray always composes).
+    #[arg(long, default_value = "fused", value_parser = ["fused", "generic"])]
+    kernels: String,
     /// Training steps.
     #[arg(long, default_value_t = 500)]
     steps: usize,
@@ -268,8 +272,8 @@ fn print_summary(out: &TrainOutcome) {
     let r = &out.report;
     let single = r.ideal_model_state_bytes_per_rank * r.ranks as u64;
     println!(
-        "\n{} on {} rank(s): {} parameters; validation loss {:.3} -> {:.3} nats/byte; {:.0} tokens/s, median step {:.1} ms",
-        r.strategy, r.ranks, r.params, out.initial_val_loss, r.final_val_loss, r.tokens_per_s, r.step_time_ms_median
+        "\n{} on {} rank(s), {} kernels: {} parameters; validation loss {:.3} -> {:.3} nats/byte; {:.0} tokens/s, median step {:.1} ms",
+        r.strategy, r.ranks, r.kernels, r.params, out.initial_val_loss, r.final_val_loss, r.tokens_per_s, r.step_time_ms_median
     );
     println!(
         "model state on one device (fp32 params + grads + Adam moments): {}",
@@ -537,6 +541,7 @@ fn main() -> ExitCode {
         ProgressStyle::with_template("{bar:24} {pos}/{len} [{elapsed_precise}] {msg}")
             .expect("valid template"),
     );
+    burn_rtp::set_fused_kernels(a.kernels == "fused");
     let outcome = run_training(&cfg, a.backend, &bar);
     bar.bar.finish();
     match outcome {

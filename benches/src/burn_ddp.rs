@@ -7,6 +7,7 @@
 //! it found: step time and peak memory where a strategy ran, the exact errors where it did
 //! not.
 
+use crate::report::add_section;
 use serde_json::Value;
 use std::path::Path;
 use std::process::Command;
@@ -16,25 +17,6 @@ pub const HEADING: &str = "## Burn's own data parallelism (burn-train 0.21 on wg
 
 /// The key of the peer's result in `report.json`.
 pub const KEY: &str = "burn_ddp_wgpu_n2";
-
-/// `report` (a pretty-printed JSON object) with `key: value` as its last entry, replacing an
-/// earlier one written the same way. The rest of the text is kept as it is, so the report's
-/// numbers are not reprinted.
-fn with_last_key(report: &str, key: &str, value: &Value) -> Result<String, String> {
-    let marker = format!(",\n  \"{key}\": ");
-    let body = match report.find(&marker) {
-        Some(at) => &report[..at],
-        None => report
-            .trim_end()
-            .strip_suffix('}')
-            .ok_or("report.json is not a JSON object")?
-            .trim_end(),
-    };
-    let value = serde_json::to_string_pretty(value).map_err(|e| e.to_string())?;
-    let out = format!("{body}{marker}{}\n}}\n", value.replace('\n', "\n  "));
-    serde_json::from_str::<Value>(&out).map_err(|e| format!("report.json would not parse: {e}"))?;
-    Ok(out)
-}
 
 /// Runs the peer binary and returns its JSON result.
 pub fn run_peer(bin: &Path, scratch: &Path) -> Result<Value, Box<dyn std::error::Error>> {
@@ -110,37 +92,7 @@ pub fn markdown(peer: &Value) -> String {
 /// `report.json`), replacing an earlier section.
 pub fn add_to_report(bin: &Path, out: &Path) -> Result<String, Box<dyn std::error::Error>> {
     let peer = run_peer(bin, &out.join("burn-ddp"))?;
-    let md_path = out.join("report.md");
-    let mut md = std::fs::read_to_string(&md_path)?;
-    if let Some(start) = md.find(&format!("\n{HEADING}")) {
-        let rest = &md[start + 1..];
-        let end = rest[HEADING.len()..]
-            .find("\n## ")
-            .map_or(md.len(), |i| start + 1 + HEADING.len() + i);
-        md.replace_range(start..end, "");
-    }
-    md += &markdown(&peer);
-    std::fs::write(&md_path, md)?;
-    let json_path = out.join("report.json");
-    let text = std::fs::read_to_string(&json_path)?;
-    std::fs::write(&json_path, with_last_key(&text, KEY, &peer)?)?;
+    add_section(out, HEADING, &markdown(&peer), KEY, &peer)?;
     let _ = std::fs::remove_dir_all(out.join("burn-ddp"));
     Ok(peer["summary"].as_str().unwrap_or_default().to_string())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_peer_key_is_appended_once_and_the_rest_kept_verbatim() {
-        let report = "{\n  \"a\": 0.30000000000000004,\n  \"b\": [\n    1\n  ]\n}\n";
-        let once = with_last_key(report, KEY, &serde_json::json!({"x": 1})).unwrap();
-        assert!(once.starts_with("{\n  \"a\": 0.30000000000000004,\n  \"b\": [\n    1\n  ],"));
-        let twice = with_last_key(&once, KEY, &serde_json::json!({"x": 2})).unwrap();
-        let v: Value = serde_json::from_str(&twice).unwrap();
-        assert_eq!(v[KEY]["x"], 2);
-        assert_eq!(twice.matches(KEY).count(), 1);
-        assert!(with_last_key("[1]", KEY, &Value::Null).is_err());
-    }
 }

@@ -6,13 +6,15 @@ pub mod burn_ddp;
 pub mod mpi_report;
 pub mod planner_check;
 pub mod report;
+#[cfg(feature = "wgpu")]
+pub mod wgpu_figures;
 
 use burn::backend::{Autodiff, NdArray};
 use burn::module::Module;
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::tensor::backend::Backend;
 use burn_rtp::timeline::Interval;
-use burn_rtp::{MemoryStats, RotationMode, Rtp, RtpError, RtpOptimizer, Strategy};
+use burn_rtp::{MemoryStats, RotationKernels, RotationMode, Rtp, RtpError, RtpOptimizer, Strategy};
 use burn_rtp_examples::data::{Corpus, Windows};
 use burn_rtp_examples::{Gpt, GptConfig};
 use std::sync::mpsc::{channel, Receiver, Sender};
@@ -20,7 +22,8 @@ use std::sync::Mutex;
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-type B = Autodiff<Rtp<NdArray>>;
+/// The training backend over the inner backend `I`.
+type Dist<I> = Autodiff<Rtp<I>>;
 
 /// A strategy with the rotation mode it runs in: what the benchmarks compare (RTP comes in
 /// two rotation modes; the baselines ignore the mode).
@@ -145,19 +148,19 @@ pub struct Driver {
     params: usize,
 }
 
-fn rank_loop(
-    device: burn_rtp::RtpDevice<NdArray>,
+fn rank_loop<I: RotationKernels>(
+    device: burn_rtp::RtpDevice<I>,
     case: &Case,
     corpus: &Corpus,
     commands: Receiver<Cmd>,
     replies: Sender<Reply>,
 ) {
-    B::seed(&device, 7);
+    Dist::<I>::seed(&device, 7);
     let world = device.world_size();
     let per = case.batch / world;
     let rank = device.rank();
-    let mut model: Gpt<B> = case.model.init::<B>(&device);
-    let mut optim = RtpOptimizer::new(AdamConfig::new().init::<B, Gpt<B>>());
+    let mut model: Gpt<Dist<I>> = case.model.init::<Dist<I>>(&device);
+    let mut optim = RtpOptimizer::new(AdamConfig::new().init::<Dist<I>, Gpt<Dist<I>>>());
     let mut step = 0;
     let mut state_with_grads = 0;
     let _ = replies.send(Reply::Ready(model.num_params()));
@@ -173,12 +176,12 @@ fn rank_loop(
                         rank * per..(rank + 1) * per,
                         case.model.seq,
                     )
-                    .tensors::<B>(&device);
+                    .tensors::<Dist<I>>(&device);
                     let loss = model.loss(x, y);
                     let mut grads = GradientsParams::from_grads(loss.backward(), &model);
                     // Synchronised here (the optimizer's own call is then a no-op) to read
                     // the model state with every gradient on its shard.
-                    burn_rtp::sync_gradients::<Gpt<B>, B, NdArray>(&model, &mut grads);
+                    burn_rtp::sync_gradients::<Gpt<Dist<I>>, Dist<I>, I>(&model, &mut grads);
                     state_with_grads = device.memory_live().sharded;
                     model = optim.step(1e-3, model, grads);
                     step += 1;
@@ -209,8 +212,13 @@ fn rank_loop(
 }
 
 impl Driver {
-    /// Starts the world of `case` and builds its model on every rank.
+    /// Starts the world of `case` and builds its model on every rank (inner backend NdArray).
     pub fn start(case: Case) -> Result<Self, RtpError> {
+        Self::start_on::<NdArray>(case)
+    }
+
+    /// [`Driver::start`] on the inner backend `I` (each rank on `I`'s default device).
+    pub fn start_on<I: RotationKernels>(case: Case) -> Result<Self, RtpError> {
         let mut config = case.variant.config(case.ranks);
         if let Some(cap) = case.memory_cap {
             config = config.with_memory_cap(cap);
@@ -237,7 +245,7 @@ impl Driver {
                     .take()
                     .expect("one receiver per rank");
                 let tx = reply_tx.lock().unwrap().clone();
-                rank_loop(device, &case, &corpus, rx, tx);
+                rank_loop::<I>(device, &case, &corpus, rx, tx);
             })
             .map(|_| ())
         });

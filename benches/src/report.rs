@@ -958,3 +958,75 @@ pub fn check_keys(report: &Value) -> Result<(), String> {
 pub fn default_out() -> PathBuf {
     Path::new("runs").join("scaling")
 }
+
+/// `report` (a pretty-printed JSON object) with `key: value` as its last entry, replacing an
+/// earlier one written the same way (and keeping any other key appended after it). The rest
+/// of the text is kept as it is, so the report's numbers are not reprinted.
+pub fn with_last_key(report: &str, key: &str, value: &Value) -> Result<String, String> {
+    let marker = format!(",\n  \"{key}\": ");
+    let kept = match report.find(&marker) {
+        Some(at) => {
+            let rest = &report[at + marker.len()..];
+            // The next top-level key (two spaces of indent), or the object's end.
+            let tail = rest.find(",\n  \"").map_or("\n}\n", |i| &rest[i..]);
+            format!("{}{tail}", &report[..at])
+        }
+        None => report.to_string(),
+    };
+    let body = kept
+        .trim_end()
+        .strip_suffix('}')
+        .ok_or("report.json is not a JSON object")?
+        .trim_end();
+    let value = serde_json::to_string_pretty(value).map_err(|e| e.to_string())?;
+    let out = format!("{body}{marker}{}\n}}\n", value.replace('\n', "\n  "));
+    serde_json::from_str::<Value>(&out).map_err(|e| format!("report.json would not parse: {e}"))?;
+    Ok(out)
+}
+
+/// Adds a section to the report in `out`: `markdown` (starting with `heading`) at the end of
+/// `report.md` and `key: value` in `report.json`, replacing what an earlier run wrote.
+pub fn add_section(
+    out: &Path,
+    heading: &str,
+    markdown: &str,
+    key: &str,
+    value: &Value,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let md_path = out.join("report.md");
+    let mut md = std::fs::read_to_string(&md_path)?;
+    if let Some(start) = md.find(&format!("\n{heading}")) {
+        let rest = &md[start + 1..];
+        let end = rest[heading.len()..]
+            .find("\n## ")
+            .map_or(md.len(), |i| start + 1 + heading.len() + i);
+        md.replace_range(start..end, "");
+    }
+    md += markdown;
+    std::fs::write(&md_path, md)?;
+    let json_path = out.join("report.json");
+    let text = std::fs::read_to_string(&json_path)?;
+    std::fs::write(&json_path, with_last_key(&text, key, value)?)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn appended_keys_replace_themselves_and_keep_the_rest_verbatim() {
+        let report = "{\n  \"a\": 0.30000000000000004,\n  \"b\": [\n    1\n  ]\n}\n";
+        let once = with_last_key(report, "k", &json!({"x": 1})).unwrap();
+        assert!(once.starts_with("{\n  \"a\": 0.30000000000000004,\n  \"b\": [\n    1\n  ],"));
+        let other = with_last_key(&once, "w", &json!({"y": [1, 2]})).unwrap();
+        let twice = with_last_key(&other, "k", &json!({"x": 2})).unwrap();
+        let v: Value = serde_json::from_str(&twice).unwrap();
+        assert_eq!(v["k"]["x"], 2);
+        assert_eq!(v["w"]["y"][1], 2);
+        assert_eq!(v["a"], json!(0.30000000000000004));
+        assert_eq!(twice.matches("\"k\"").count(), 1);
+        assert!(twice.starts_with("{\n  \"a\": 0.30000000000000004,"));
+        assert!(with_last_key("[1]", "k", &Value::Null).is_err());
+    }
+}

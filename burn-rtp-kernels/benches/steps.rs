@@ -17,6 +17,7 @@
 
 use burn::backend::NdArray;
 use burn::tensor::backend::Backend;
+use burn::tensor::ops::ModuleOps;
 use burn::tensor::{Distribution, Int, Tensor, TensorData};
 use burn_rtp_kernels::kernel::{embedding, linear};
 use burn_rtp_kernels::{
@@ -396,16 +397,15 @@ fn linear_on_ndarray(c: &mut Criterion) -> Vec<String> {
 
 fn main() {
     let mut c = criterion();
-    let mut rows = linear_on_ndarray(&mut c);
+    let rows = linear_on_ndarray(&mut c);
     #[cfg(feature = "wgpu")]
-    {
+    let rows = {
         use burn::backend::wgpu::{Wgpu, WgpuDevice};
-        rows.extend(steps_on::<Wgpu>(
-            &mut c,
-            "wgpu (lavapipe)",
-            &WgpuDevice::default(),
-        ));
-    }
+        let mut rows = rows;
+        let device = WgpuDevice::default();
+        rows.extend(steps_on::<Wgpu>(&mut c, "wgpu (lavapipe)", &device));
+        rows
+    };
     #[cfg(not(feature = "wgpu"))]
     let _ = steps_on::<NdArray>;
     c.final_summary();

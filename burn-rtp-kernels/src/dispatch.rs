@@ -9,7 +9,7 @@ use crate::kernel::columns::Window;
 use crate::kernel::{embedding, linear};
 use crate::{Float, Int};
 use burn::tensor::backend::Backend;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// The implementation behind a backend's rotation steps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,6 +30,19 @@ impl std::fmt::Display for KernelPath {
 }
 
 static FUSED_LAUNCHES: AtomicU64 = AtomicU64::new(0);
+static FUSED_OFF: AtomicBool = AtomicBool::new(false);
+
+/// Turns the fused kernels off (or back on) for the whole process: cube backends then run
+/// the generic compositions too. It exists to measure one against the other in one run (the
+/// trainer's `--kernels generic`); results agree either way to rounding.
+pub fn set_fused_kernels(on: bool) {
+    FUSED_OFF.store(!on, Ordering::Relaxed);
+}
+
+/// Whether cube backends run the fused kernels (the default).
+pub fn fused_kernels_enabled() -> bool {
+    !FUSED_OFF.load(Ordering::Relaxed)
+}
 
 /// Fused kernels launched by this process so far: tests read it to prove which path ran.
 pub fn fused_launches() -> u64 {
@@ -138,7 +151,11 @@ mod cube {
         BT: BoolElement,
     {
         fn kernel_path() -> KernelPath {
-            KernelPath::Fused
+            if fused_kernels_enabled() {
+                KernelPath::Fused
+            } else {
+                KernelPath::Generic
+            }
         }
 
         fn linear_step(
@@ -148,7 +165,10 @@ mod cube {
             b_j: Option<Float<Self>>,
             window: Window,
         ) -> Float<Self> {
-            launch::forward(y, x, w_j, b_j, window)
+            match fused_kernels_enabled() {
+                true => launch::forward(y, x, w_j, b_j, window),
+                false => linear::generic::forward::<Self>(y, x, w_j, b_j, window),
+            }
         }
 
         fn x_grad_step(
@@ -157,7 +177,10 @@ mod cube {
             dy: Float<Self>,
             window: Window,
         ) -> Float<Self> {
-            launch::x_grad(acc, w_j, dy, window)
+            match fused_kernels_enabled() {
+                true => launch::x_grad(acc, w_j, dy, window),
+                false => linear::generic::x_grad::<Self>(acc, w_j, dy, window),
+            }
         }
 
         fn weight_grad_step(
@@ -166,7 +189,10 @@ mod cube {
             window: Window,
             with_bias: bool,
         ) -> (Float<Self>, Option<Float<Self>>) {
-            launch::weight_grad(x, dy, window, with_bias)
+            match fused_kernels_enabled() {
+                true => launch::weight_grad(x, dy, window, with_bias),
+                false => linear::generic::weight_grad::<Self>(x, dy, window, with_bias),
+            }
         }
 
         fn embedding_step(
@@ -175,7 +201,10 @@ mod cube {
             indices: Int<Self>,
             window: Window,
         ) -> Float<Self> {
-            gather::launch(y, w_j, indices, window)
+            match fused_kernels_enabled() {
+                true => gather::launch(y, w_j, indices, window),
+                false => embedding::generic::forward::<Self>(y, w_j, indices, window),
+            }
         }
 
         fn embedding_grad_step(
@@ -184,7 +213,10 @@ mod cube {
             indices: Int<Self>,
             window: Window,
         ) -> Float<Self> {
-            scatter::launch(n_embeddings, dy, indices, window)
+            match fused_kernels_enabled() {
+                true => scatter::launch(n_embeddings, dy, indices, window),
+                false => embedding::generic::grad::<Self>(n_embeddings, dy, indices, window),
+            }
         }
     }
 }

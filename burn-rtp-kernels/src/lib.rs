@@ -15,7 +15,9 @@ pub type Float<B> = <B as burn::tensor::backend::BackendTypes>::FloatTensorPrimi
 /// The inner backend's int tensor (embedding indices).
 pub type Int<B> = <B as burn::tensor::backend::BackendTypes>::IntTensorPrimitive;
 
-pub use dispatch::{fused_launches, KernelPath, RotationKernels};
+pub use dispatch::{
+    fused_kernels_enabled, fused_launches, set_fused_kernels, KernelPath, RotationKernels,
+};
 pub use kernel::columns::{
     assemble_columns, column_slice, output_for_columns, write_columns, ColumnError, Window,
 };

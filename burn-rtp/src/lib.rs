@@ -28,7 +28,7 @@ pub use accounting::{
     human_bytes, parse_bytes, peak_rss_bytes, Category, Charge, Ledger, MemoryStats, Phase,
 };
 pub use backend::Rtp;
-pub use burn_rtp_kernels::{KernelPath, RotationKernels};
+pub use burn_rtp_kernels::{set_fused_kernels, KernelPath, RotationKernels};
 pub use config::{
     check_rank, Chaos, Delivery, RotationMode, RtpConfig, Strategy, TransportKind,
     DEFAULT_SHARD_THRESHOLD,

@@ -9,6 +9,7 @@ use burn::optim::Optimizer;
 use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Recorder};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 pub use burn_rtp::checkpoint::{Checkpoint, CheckpointError, Manifest};
+use burn_rtp::RotationKernels;
 use burn_rtp::{RtpConfig, RtpDevice};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -36,7 +37,7 @@ pub fn save<B, I, O>(
     optim: &O,
 ) -> Result<PathBuf, CheckpointError>
 where
-    I: Backend,
+    I: RotationKernels,
     B: AutodiffBackend<Device = RtpDevice<I>>,
     O: Optimizer<Gpt<B>, B>,
 {

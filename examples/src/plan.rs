@@ -4,14 +4,17 @@
 use crate::data::{Corpus, DataError, Windows};
 use crate::model::{Gpt, GptConfig};
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
-use burn::tensor::backend::Backend;
+use burn_rtp::RotationKernels;
 use burn_rtp::{PlanConfig, Planner, Rtp, RtpDevice, RtpOptimizer};
 
 type Ad<I> = burn::backend::Autodiff<Rtp<I>>;
 
 /// Probes the GPT of `model` for the planner: on one in-process rank, two Adam steps (through
 /// [`RtpOptimizer`], which marks the phases the planner tells apart) at each probe batch.
-pub fn probe_gpt<I: Backend>(model: &GptConfig, config: PlanConfig) -> Result<Planner, String> {
+pub fn probe_gpt<I: RotationKernels>(
+    model: &GptConfig,
+    config: PlanConfig,
+) -> Result<Planner, String> {
     model.validate()?;
     let corpus = Corpus::load(None, model.seq).map_err(|e: DataError| e.to_string())?;
     Planner::probe::<I, Ad<I>, _, _>(config, |device: &RtpDevice<I>, batch| {

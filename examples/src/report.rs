@@ -56,10 +56,12 @@ pub struct Report {
     pub transport: String,
     /// Single-device model-state bytes (fp32 parameters, gradients, Adam moments) / ranks.
     pub ideal_model_state_bytes_per_rank: u64,
+    /// `fused` (the `#[cube]` rotation kernels ran) or `generic` (compositions of Burn ops).
+    pub kernels: String,
 }
 
 /// The keys a report must have; tests and tools check against this list.
-pub const REPORT_KEYS: [&str; 13] = [
+pub const REPORT_KEYS: [&str; 14] = [
     "strategy",
     "ranks",
     "steps",
@@ -73,4 +75,5 @@ pub const REPORT_KEYS: [&str; 13] = [
     "peak_rss_bytes_per_rank",
     "transport",
     "ideal_model_state_bytes_per_rank",
+    "kernels",
 ];

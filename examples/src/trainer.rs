@@ -10,6 +10,7 @@ use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::tensor::activation::softmax;
 use burn::tensor::backend::Backend;
 use burn::tensor::{ElementConversion, Int, Tensor, TensorData};
+use burn_rtp::RotationKernels;
 use burn_rtp::{
     MemoryStats, RotationMode, Rtp, RtpConfig, RtpDevice, RtpOptimizer, Strategy, TransportKind,
 };
@@ -289,7 +290,7 @@ struct RankMemory {
 }
 
 /// Mean validation loss over `eval_batches` batches, split across ranks.
-fn evaluate<I: Backend>(
+fn evaluate<I: RotationKernels>(
     model: &Gpt<Rtp<I>>,
     corpus: &Corpus,
     cfg: &TrainConfig,
@@ -309,7 +310,7 @@ fn evaluate<I: Backend>(
 }
 
 /// Generates `n` bytes after `prompt`, sampling at temperature 0.8 with a seeded generator.
-fn sample<I: Backend>(
+fn sample<I: RotationKernels>(
     model: &Gpt<Rtp<I>>,
     device: &RtpDevice<I>,
     prompt: &str,
@@ -393,7 +394,7 @@ struct RankLog {
 
 impl RankJob<'_> {
     /// One rank's whole run: set up, train step by step, then evaluate, save and report.
-    fn run<I: Backend>(&self, device: RtpDevice<I>) -> Result<RankResult, TrainError> {
+    fn run<I: RotationKernels>(&self, device: RtpDevice<I>) -> Result<RankResult, TrainError> {
         let cfg = self.cfg;
         let (mut model, mut optim, mut schedule) = self.set_up(&device)?;
         let initial_val = evaluate(&model.valid(), self.corpus, cfg, &device);
@@ -452,7 +453,7 @@ impl RankJob<'_> {
 
     /// Agrees on the settings, then builds the model and optimizer (loading the initial
     /// weights or the checkpoint to resume from) and the learning-rate schedule.
-    fn set_up<I: Backend>(&self, device: &RtpDevice<I>) -> Result<Start<I>, TrainError> {
+    fn set_up<I: RotationKernels>(&self, device: &RtpDevice<I>) -> Result<Start<I>, TrainError> {
         let cfg = self.cfg;
         device.agree(&cfg.shared_settings())?;
         Ad::<I>::seed(device, cfg.seed);
@@ -473,7 +474,7 @@ impl RankJob<'_> {
 
     /// The mean of the ranks' losses; every rank learns of a bad loss on any rank here,
     /// before the update.
-    fn global_loss<I: Backend>(
+    fn global_loss<I: RotationKernels>(
         &self,
         device: &RtpDevice<I>,
         loss: &Tensor<Ad<I>, 1>,
@@ -487,7 +488,7 @@ impl RankJob<'_> {
     }
 
     /// Evaluation, a periodic checkpoint and rank 0's progress, as the settings ask.
-    fn after_step<I: Backend>(
+    fn after_step<I: RotationKernels>(
         &self,
         device: &RtpDevice<I>,
         model: &Gpt<Ad<I>>,
@@ -533,7 +534,7 @@ impl RankJob<'_> {
 
     /// The end of a rank's run: final evaluation and checkpoint, every rank's memory, and a
     /// sample (a failed run skips them and reports its failure).
-    fn finish<I: Backend>(
+    fn finish<I: RotationKernels>(
         &self,
         device: &RtpDevice<I>,
         model: Gpt<Ad<I>>,
@@ -594,7 +595,7 @@ impl RankJob<'_> {
 
 /// A non-finite gradient norm (the optimizer skipped the update), traced to the rank it came
 /// from.
-fn check_grad_norm<I: Backend>(
+fn check_grad_norm<I: RotationKernels>(
     device: &RtpDevice<I>,
     optim: &Optim<I>,
     done: usize,
@@ -615,7 +616,7 @@ fn check_grad_norm<I: Backend>(
 }
 
 /// Trains a GPT under `cfg` on the inner backend `I` and returns the outcome.
-pub fn train<I: Backend>(
+pub fn train<I: RotationKernels>(
     cfg: &TrainConfig,
     inner_device: impl Fn(usize) -> I::Device,
     progress: Option<&dyn Progress>,
@@ -684,6 +685,7 @@ pub fn train<I: Backend>(
         peak_rss_bytes_per_rank: first.memory.iter().map(|m| m.rss).collect(),
         transport: transport.to_string(),
         ideal_model_state_bytes_per_rank: (first.params * 4 * 4 / world) as u64,
+        kernels: I::kernel_path().to_string(),
     };
     Ok(TrainOutcome {
         rank: first.rank,

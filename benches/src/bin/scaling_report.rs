@@ -8,6 +8,9 @@
 //! Burn's own DDP as a peer row (built apart: `cargo build --manifest-path benches/burn-ddp/Cargo.toml`):
 //! add `--burn-ddp target/debug/burn-ddp-peer`; with `--burn-ddp-only`, only that section is
 //! (re)written into the report already in `--out`.
+//!
+//! Config A on wgpu at N = 2, fused kernels against generic (`--features wgpu`): add `--wgpu`;
+//! with `--wgpu-only`, only that section is (re)written.
 
 use burn_rtp::TransportKind;
 use burn_rtp_benches::mpi_report::{self, Job, MpiReportConfig};
@@ -51,6 +54,13 @@ struct Cli {
     /// With `--burn-ddp`: only add that section to the report already in `--out`.
     #[arg(long, requires = "burn_ddp")]
     burn_ddp_only: bool,
+    /// Add config A on wgpu at N = 2 (RTP against DDP, fused kernels against generic) to
+    /// the report in `--out` (needs `--features wgpu`); with `--wgpu-only`, only that.
+    #[arg(long)]
+    wgpu: bool,
+    /// With `--wgpu`: only add that section to the report already in `--out`.
+    #[arg(long, requires = "wgpu")]
+    wgpu_only: bool,
     /// Internal: run one job as this process's rank (started by mpirun).
     #[arg(long, hide = true)]
     mpi_worker: Option<String>,
@@ -151,20 +161,50 @@ fn add_burn_ddp(bin: &Path, out: &Path) -> ExitCode {
     }
 }
 
-fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let status = report(&cli);
-    match (&cli.burn_ddp, status == ExitCode::SUCCESS) {
-        (Some(bin), true) => {
-            let out = cli.out.clone().unwrap_or_else(default_out);
-            add_burn_ddp(bin, &out)
+/// Adds the wgpu figures to the report in `out`.
+fn add_wgpu(cli: &Cli, out: &Path) -> ExitCode {
+    #[cfg(feature = "wgpu")]
+    {
+        let (repeats, steps) = if cli.quick || cli.tiny {
+            (3, 1)
+        } else {
+            (5, 3)
+        };
+        let log = |m: &str| eprintln!("{m}");
+        match burn_rtp_benches::wgpu_figures::add_to_report(out, repeats, steps, &log) {
+            Ok(summary) => {
+                println!("wgpu, config A at N = 2: {summary}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: wgpu figures: {e}");
+                ExitCode::FAILURE
+            }
         }
-        _ => status,
+    }
+    #[cfg(not(feature = "wgpu"))]
+    {
+        let _ = (cli, out);
+        eprintln!("error: --wgpu needs `--features wgpu` (and a Vulkan driver: apt-get install mesa-vulkan-drivers)");
+        ExitCode::FAILURE
     }
 }
 
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let mut status = report(&cli);
+    let out = cli.out.clone().unwrap_or_else(default_out);
+    if let (Some(bin), true) = (&cli.burn_ddp, status == ExitCode::SUCCESS) {
+        status = add_burn_ddp(bin, &out);
+    }
+    if cli.wgpu && status == ExitCode::SUCCESS {
+        status = add_wgpu(&cli, &out);
+    }
+    status
+}
+
 fn report(cli: &Cli) -> ExitCode {
-    if cli.burn_ddp_only {
+    if cli.burn_ddp_only || cli.wgpu_only {
         return ExitCode::SUCCESS;
     }
     if let Some(job) = &cli.mpi_worker {
