@@ -3,7 +3,7 @@
 //! * On NdArray, one rotated Linear's forward and backward at N = 4: the concatenating
 //!   composition burn-rtp used before (every shard's block kept, then `cat`) against the
 //!   preallocated one (each shard's columns written into one output).
-//! * With `--features wgpu`, each step on wgpu: the fused `#[cube]` kernel against the
+//! * With `--features wgpu` (or `cuda`), each step on that backend: the fused `#[cube]` kernel against the
 //!   composition of Burn ops it replaces (Burn's matmul, then slice-assign, add or a second
 //!   pass for the bias). CI runs this on Mesa's lavapipe, a CPU rasteriser: its timings say
 //!   little about a GPU, only that the fused path is not slower where it should not be.
@@ -406,7 +406,15 @@ fn main() {
         rows.extend(steps_on::<Wgpu>(&mut c, "wgpu (lavapipe)", &device));
         rows
     };
-    #[cfg(not(feature = "wgpu"))]
+    #[cfg(feature = "cuda")]
+    let rows = {
+        use burn::backend::cuda::{Cuda, CudaDevice};
+        let mut rows = rows;
+        let device = CudaDevice::default();
+        rows.extend(steps_on::<Cuda>(&mut c, "cuda", &device));
+        rows
+    };
+    #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
     let _ = steps_on::<NdArray>;
     c.final_summary();
     println!();

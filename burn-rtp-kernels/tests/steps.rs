@@ -1,9 +1,10 @@
 //! Every rotation step against a plain CPU reference (f64 loops over `Vec`s), on NdArray
-//! (the generic compositions) and, with `--features wgpu`, on wgpu (the fused `#[cube]`
-//! kernels, on Mesa's lavapipe in CI). Shapes are multiples of no tile size: 1 × 1, a
-//! window at the right edge, w = 1, d = 1000, three-dimensional inputs.
+//! (the generic compositions) and, with `--features wgpu` or `--features cuda`, on that cube
+//! backend (the fused `#[cube]` kernels; wgpu runs on Mesa's lavapipe in CI). Shapes are
+//! multiples of no tile size: 1 × 1, a window at the right edge, w = 1, d = 1000,
+//! three-dimensional inputs.
 //!
-//! On wgpu each case also asserts that fused kernels ran (the launch counter moved), so a
+//! On cube backends each case also asserts that fused kernels ran (the launch counter moved), so a
 //! kernel silently replaced by the generic path fails here.
 
 use burn::backend::NdArray;
@@ -386,19 +387,39 @@ fn refusals_on_ndarray() {
     refusals::<NdArray>(&Default::default());
 }
 
-#[cfg(feature = "wgpu")]
-mod wgpu {
-    use super::*;
-    use burn::backend::wgpu::{Wgpu, WgpuDevice};
+/// The fused kernels' tests on one cube backend, behind its cargo feature.
+macro_rules! on_cube_backend {
+    ($feature:literal, $name:ident, $backend:ty, $device:expr) => {
+        #[cfg(feature = $feature)]
+        mod $name {
+            use super::*;
 
-    #[test]
-    fn fused_kernels_match_the_reference_on_wgpu() {
-        assert_eq!(<Wgpu as RotationKernels>::kernel_path(), KernelPath::Fused);
-        all_cases::<Wgpu>(&WgpuDevice::default());
-    }
+            #[test]
+            fn fused_kernels_match_the_reference() {
+                assert_eq!(
+                    <$backend as RotationKernels>::kernel_path(),
+                    KernelPath::Fused
+                );
+                all_cases::<$backend>(&$device);
+            }
 
-    #[test]
-    fn refusals_on_wgpu() {
-        refusals::<Wgpu>(&WgpuDevice::default());
-    }
+            #[test]
+            fn refusals() {
+                super::refusals::<$backend>(&$device);
+            }
+        }
+    };
 }
+
+on_cube_backend!(
+    "wgpu",
+    wgpu,
+    burn::backend::wgpu::Wgpu,
+    burn::backend::wgpu::WgpuDevice::default()
+);
+on_cube_backend!(
+    "cuda",
+    cuda,
+    burn::backend::Cuda,
+    burn::backend::cuda::CudaDevice::default()
+);

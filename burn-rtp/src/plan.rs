@@ -22,7 +22,7 @@
 //!   first is the rank's own); FSDP holds a layer's
 //!   gathered weight and bias while it computes, and in the backward pass while the next
 //!   parts arrive, `(2 - 1/N)` full bundles; DDP all-reduces one gradient at a time in chunks
-//!   of `1/N`, two chunks in flight, into a full-size sum.
+//!   of `1/N`, one chunk in flight, into a full-size sum.
 //! * **The peak of the sum**, phase by phase. The probe records what the highest peak of
 //!   the forward and backward passes, and of the optimizer's update, were made of at N = 1
 //!   ([`RtpOptimizer`](crate::RtpOptimizer) marks the phases): model state in parameter
@@ -430,13 +430,14 @@ impl Planner {
                 }
             }
             Strategy::Ddp => {
-                // The update all-reduces each gradient in chunks of 1/N, two in flight, and
-                // assembles its sum in a full-size buffer.
+                // The update all-reduces each gradient in chunks of 1/N, one in flight at a
+                // time (a received chunk is copied into its window of the sum, not into a
+                // block of its own), and assembles its sum in a full-size buffer.
                 let largest = self.shapes.iter().map(full).max().unwrap_or(0);
                 Buffers {
                     forward: 0,
                     backward: 0,
-                    update: 2 * largest.div_ceil(world as u64) + largest,
+                    update: largest.div_ceil(world as u64) + largest,
                 }
             }
         }

@@ -490,3 +490,45 @@ pub fn rtp_lm_on<I: RotationKernels>(config: RtpConfig, weights: &[u8]) -> RtpRe
         (losses, param_values(&model))
     })
 }
+
+/// RTP on `Autodiff<Rtp<I>>` (a cube backend: the fused kernels) at `n` ranks against
+/// single-device `Autodiff<NdArray>`, for the MLP and the language model; fails if no fused
+/// kernel launched.
+pub fn fused_matches_single_device<I: RotationKernels>(n: usize) {
+    use burn_rtp::KernelPath;
+    assert_eq!(
+        I::kernel_path(),
+        KernelPath::Fused,
+        "{} runs no fused kernels",
+        std::any::type_name::<I>()
+    );
+    let config = || RtpConfig::new(n).with_shard_threshold(0);
+    for which in [Which::Mlp, Which::Lm] {
+        let label = format!("{which:?} on {} at N={n}", std::any::type_name::<I>());
+        let (weights, (ref_losses, ref_params)) = match which {
+            Which::Mlp => {
+                let w = mlp_weights(SEED);
+                let r = reference_mlp(&w);
+                (w, r)
+            }
+            Which::Lm => {
+                let w = lm_weights(SEED);
+                let r = reference_lm(&w);
+                (w, r)
+            }
+        };
+        let before = burn_rtp_kernels::fused_launches();
+        let runs = match which {
+            Which::Mlp => rtp_mlp_on::<I>(config(), &weights),
+            Which::Lm => rtp_lm_on::<I>(config(), &weights),
+        }
+        .expect("RTP run");
+        assert!(
+            burn_rtp_kernels::fused_launches() > before,
+            "{label}: no fused kernel ran"
+        );
+        if let Err(e) = compare(which, &ref_losses, &ref_params, &runs, &label) {
+            panic!("{e}");
+        }
+    }
+}
