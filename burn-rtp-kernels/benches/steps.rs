@@ -282,6 +282,10 @@ fn steps_on<B: RotationKernels>(c: &mut Criterion, label: &str, device: &B::Devi
         let inputs = Inputs::<B>::new(d, device);
         let sync = || B::sync(device).expect("sync");
         for (s, step) in STEPS.iter().enumerate() {
+            let only = std::env::var("RTP_BENCH_ONLY").unwrap_or_default();
+            if !format!("{} {}", d.name, step.name).contains(&only) {
+                continue;
+            }
             let mut group = c.benchmark_group(format!("{label}/{}/{}", d.name, step.name));
             group.bench_function("fused", |b| {
                 b.iter(|| {
@@ -397,7 +401,11 @@ fn linear_on_ndarray(c: &mut Criterion) -> Vec<String> {
 
 fn main() {
     let mut c = criterion();
-    let rows = linear_on_ndarray(&mut c);
+    let rows = if std::env::var("RTP_BENCH_ONLY").is_ok() {
+        Vec::new()
+    } else {
+        linear_on_ndarray(&mut c)
+    };
     #[cfg(feature = "wgpu")]
     let rows = {
         use burn::backend::wgpu::{Wgpu, WgpuDevice};

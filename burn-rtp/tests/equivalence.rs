@@ -50,7 +50,7 @@ fn run_lm_with(config: RtpConfig) {
     let config = stressed(config, &format!("lm {label}"));
     let weights = lm_weights(SEED);
     let (ref_losses, ref_params) = reference_lm(&weights);
-    let runs = rtp_lm_on::<NdArray>(config, &weights).expect("RTP run");
+    let runs = rtp_run_on::<NdArray>(Which::Lm, config, &weights).expect("RTP run");
     if let Err(e) = compare(Which::Lm, &ref_losses, &ref_params, &runs, &label) {
         panic!("{e}");
     }

@@ -423,33 +423,7 @@ pub fn reference_mlp_split(weights: &[u8], blocks: usize) -> RankRun {
 
 /// Distributed training of the MLP from `weights` under `config`, every rank's run.
 pub fn rtp_mlp(config: RtpConfig, weights: &[u8]) -> RtpResult<Vec<RankRun>> {
-    rtp_mlp_on::<burn::backend::NdArray>(config, weights)
-}
-
-/// [`rtp_mlp`] on the inner backend `I`.
-pub fn rtp_mlp_on<I: RotationKernels>(
-    config: RtpConfig,
-    weights: &[u8],
-) -> RtpResult<Vec<RankRun>> {
-    let world = config.world_size;
-    launch(config, |device| {
-        let model = load_bytes(
-            Mlp::<burn::backend::Autodiff<Rtp<I>>>::new(&device),
-            weights,
-            &device,
-        );
-        let optim = RtpOptimizer::new(adam().init());
-        let (model, losses) = train(
-            model,
-            optim,
-            Which::Mlp,
-            STEPS,
-            rows(device.rank(), world),
-            &device,
-            step_loss_mlp,
-        );
-        (losses, param_values(&model))
-    })
+    rtp_run_on::<burn::backend::NdArray>(Which::Mlp, config, weights)
 }
 
 /// Single-device training of the tiny LM from `weights`: losses and final parameters.
@@ -468,26 +442,33 @@ pub fn reference_lm(weights: &[u8]) -> RankRun {
     (losses, param_values(&trained))
 }
 
-/// Distributed training of the tiny LM from `weights` on the inner backend `I`.
-pub fn rtp_lm_on<I: RotationKernels>(config: RtpConfig, weights: &[u8]) -> RtpResult<Vec<RankRun>> {
+/// Distributed training of the MLP or the tiny LM from `weights` under `config`, on the
+/// inner backend `I`: every rank's run.
+pub fn rtp_run_on<I: RotationKernels>(
+    which: Which,
+    config: RtpConfig,
+    weights: &[u8],
+) -> RtpResult<Vec<RankRun>> {
+    type Dist<I> = burn::backend::Autodiff<Rtp<I>>;
     let world = config.world_size;
     launch(config, |device| {
-        let model = load_bytes(
-            TinyLm::<burn::backend::Autodiff<Rtp<I>>>::new(&device),
-            weights,
-            &device,
-        );
-        let optim = RtpOptimizer::new(adam().init());
-        let (model, losses) = train(
-            model,
-            optim,
-            Which::Lm,
-            STEPS,
-            rows(device.rank(), world),
-            &device,
-            step_loss_lm,
-        );
-        (losses, param_values(&model))
+        let rows = rows(device.rank(), world);
+        match which {
+            Which::Mlp => {
+                let model = load_bytes(Mlp::<Dist<I>>::new(&device), weights, &device);
+                let optim = RtpOptimizer::new(adam().init());
+                let (model, losses) =
+                    train(model, optim, which, STEPS, rows, &device, step_loss_mlp);
+                (losses, param_values(&model))
+            }
+            Which::Lm => {
+                let model = load_bytes(TinyLm::<Dist<I>>::new(&device), weights, &device);
+                let optim = RtpOptimizer::new(adam().init());
+                let (model, losses) =
+                    train(model, optim, which, STEPS, rows, &device, step_loss_lm);
+                (losses, param_values(&model))
+            }
+        }
     })
 }
 
@@ -518,11 +499,7 @@ pub fn fused_matches_single_device<I: RotationKernels>(n: usize) {
             }
         };
         let before = burn_rtp_kernels::fused_launches();
-        let runs = match which {
-            Which::Mlp => rtp_mlp_on::<I>(config(), &weights),
-            Which::Lm => rtp_lm_on::<I>(config(), &weights),
-        }
-        .expect("RTP run");
+        let runs = rtp_run_on::<I>(which, config(), &weights).expect("RTP run");
         assert!(
             burn_rtp_kernels::fused_launches() > before,
             "{label}: no fused kernel ran"

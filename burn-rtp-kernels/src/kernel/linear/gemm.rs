@@ -2,9 +2,10 @@
 //! addressed through an offset and two strides each, so that a column window of Y or dY, and
 //! a transposed X or W_j, are read and written where they lie, with no copy.
 //!
-//! A cube of 16 × 16 units computes a `16·TM × 16·TN` block of C. The K dimension is walked
-//! in slices of 16: each unit loads `TM` elements of A's slice and `TN` of B's into shared
-//! memory, the cube syncs, and each unit accumulates its `TM × TN` outputs in registers.
+//! A cube of `units × units` units computes a `units·tm × units·tn` block of C. The K
+//! dimension is walked in slices of `depth` (a multiple of `units`): each unit loads its share
+//! of A's and B's slices into shared memory, the cube syncs, and each unit accumulates its
+//! `tm × tn` outputs in registers.
 //! Elements past an edge load as zero, so no shape needs to be a multiple of a tile.
 //!
 //! With `col_sums`, the cubes of the first block row also sum B's columns over all of K (the
@@ -13,9 +14,9 @@
 
 use cubecl::prelude::*;
 
-/// Units along each side of a cube.
+/// Units along each side of a cube, as launched.
 pub(crate) const UNITS: usize = 16;
-/// Depth of one K slice held in shared memory.
+/// Depth of one K slice held in shared memory, as launched (a multiple of [`UNITS`]).
 pub(crate) const DEPTH: usize = 16;
 
 /// Where a matrix operand lies in its buffer: `m[r, c] = buf[offset + r·rows + c·cols]`.
@@ -45,6 +46,8 @@ pub(crate) fn gemm_window<F: Float>(
     m: usize,
     n: usize,
     k: usize,
+    #[comptime] units: usize,
+    #[comptime] depth: usize,
     #[comptime] tm: usize,
     #[comptime] tn: usize,
     #[comptime] accumulate: bool,
@@ -52,10 +55,8 @@ pub(crate) fn gemm_window<F: Float>(
     #[comptime] col_sums: bool,
     #[define(F)] _dtype: StorageType,
 ) {
-    let units = comptime!(UNITS);
-    let depth = comptime!(DEPTH);
-    let block_m = comptime!(UNITS * tm);
-    let block_n = comptime!(UNITS * tn);
+    let block_m = comptime!(units * tm);
+    let block_n = comptime!(units * tn);
     let tx = UNIT_POS_X as usize;
     let ty = UNIT_POS_Y as usize;
     let unit = ty * units + tx;
@@ -63,8 +64,8 @@ pub(crate) fn gemm_window<F: Float>(
     let col0 = CUBE_POS_X as usize * block_n;
     let summing = col_sums && CUBE_POS_Y == 0 && ty == 0;
 
-    let mut tile_a = SharedMemory::<F>::new(comptime!(UNITS * tm * DEPTH));
-    let mut tile_b = SharedMemory::<F>::new(comptime!(DEPTH * UNITS * tn));
+    let mut tile_a = SharedMemory::<F>::new(comptime!(units * tm * depth));
+    let mut tile_b = SharedMemory::<F>::new(comptime!(depth * units * tn));
     let mut acc = Array::<F>::new(comptime!(tm * tn));
     let mut sum = Array::<F>::new(tn);
     #[unroll]
@@ -80,7 +81,7 @@ pub(crate) fn gemm_window<F: Float>(
     while k0 < k {
         // A's slice: block_m × depth, tm elements per unit.
         #[unroll]
-        for s in 0..tm {
+        for s in 0..comptime!(tm * depth / units) {
             let e = unit + s * units * units;
             let r = row0 + e / depth;
             let kk = k0 + e % depth;
@@ -92,7 +93,7 @@ pub(crate) fn gemm_window<F: Float>(
         }
         // B's slice: depth × block_n, tn elements per unit.
         #[unroll]
-        for s in 0..tn {
+        for s in 0..comptime!(tn * depth / units) {
             let e = unit + s * units * units;
             let kk = k0 + e / block_n;
             let col = col0 + e % block_n;

@@ -3,7 +3,7 @@
 //! Shapes and windows are checked by the caller ([`super`]) before anything here runs; these
 //! functions only turn tensors into operands (offset and strides) and pick the launch grid.
 
-use super::gemm::{gemm_window, StridedLaunch, UNITS};
+use super::gemm::{gemm_window, StridedLaunch, DEPTH, UNITS};
 use crate::dispatch::count_fused_launch;
 use crate::kernel::columns::Window;
 use burn::tensor::{Shape, TensorMetadata};
@@ -13,9 +13,12 @@ use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeRuntime;
 use cubecl::prelude::*;
 
-/// Outputs each unit computes along rows and columns: a 64 × 64 block per cube of 256 units.
-const TM: usize = 4;
-const TN: usize = 4;
+/// Outputs each unit computes along rows and columns: a 128 × 128 block per cube of 256
+/// units. On lavapipe the step time fell with every doubling of the register tile (1 × 1:
+/// 241 ms, 2 × 2: 116, 4 × 4: 56, 8 × 8: 29 for config A's forward step): shared-memory
+/// loads, not arithmetic, bound it there.
+const TM: usize = 8;
+const TN: usize = 8;
 
 /// A 2-D operand: the tensor, and where its `[rows, cols]` matrix lies in its buffer.
 struct Operand<R: CubeRuntime> {
@@ -115,6 +118,8 @@ fn launch<R: CubeRuntime>(
             m,
             n,
             k,
+            UNITS,
+            DEPTH,
             TM,
             TN,
             accumulate,
