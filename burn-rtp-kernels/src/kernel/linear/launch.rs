@@ -86,12 +86,13 @@ fn launch<R: CubeRuntime>(
     bias: Option<CubeTensor<R>>,
     sums: Option<&CubeTensor<R>>,
 ) {
+    // With no rows of C the column sums still need the first block row of cubes.
+    let block_rows = m.div_ceil(UNITS * TM).max(usize::from(sums.is_some()));
+    if n == 0 || block_rows == 0 {
+        return;
+    }
     let client = c.tensor.client.clone();
-    let cube_count = CubeCount::Static(
-        n.div_ceil(UNITS * TN) as u32,
-        m.div_ceil(UNITS * TM) as u32,
-        1,
-    );
+    let cube_count = CubeCount::Static(n.div_ceil(UNITS * TN) as u32, block_rows as u32, 1);
     let cube_dim = CubeDim::new_2d(UNITS as u32, UNITS as u32);
     let with_bias = bias.is_some();
     let col_sums = sums.is_some();
