@@ -57,6 +57,9 @@ pub(crate) fn count_fused_launch() {
 
 /// The per-step compute of a rotation, by backend. Callers use the checked entry points
 /// ([`crate::forward_step`] and the others), which call these methods.
+///
+/// NdArray and the cube backends implement it here. Any other backend joins with an empty
+/// `impl RotationKernels for MyBackend {}`, which runs the generic compositions.
 pub trait RotationKernels: Backend {
     /// The implementation this backend's steps take.
     fn kernel_path() -> KernelPath {
