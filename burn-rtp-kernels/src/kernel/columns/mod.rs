@@ -115,14 +115,7 @@ pub fn write_columns<B: Backend>(
         });
     }
     let (columns, len) = (o[o.len() - 1], b[b.len() - 1]);
-    if start + len > columns {
-        return Err(ColumnError::OutOfBounds {
-            start,
-            end: start + len,
-            columns,
-            shape: o,
-        });
-    }
+    Window::new(start, len).check(&o)?;
     if start == 0 && len == columns {
         return Ok(block);
     }

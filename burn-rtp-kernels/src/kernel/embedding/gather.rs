@@ -2,6 +2,7 @@
 
 use crate::dispatch::count_fused_launch;
 use crate::kernel::columns::Window;
+use crate::kernel::writable;
 use burn::tensor::TensorMetadata;
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::tensor::CubeTensor;
@@ -44,11 +45,7 @@ pub(crate) fn launch<R: CubeRuntime>(
     indices: CubeTensor<R>,
     window: Window,
 ) -> CubeTensor<R> {
-    let y = if y.can_mut() && y.is_contiguous() {
-        y
-    } else {
-        y.copy()
-    };
+    let y = writable(y);
     let (table, indices) = (into_contiguous(w_j), into_contiguous(indices));
     let rows = indices.shape().num_elements();
     let columns = y.shape()[y.shape().num_dims() - 1];

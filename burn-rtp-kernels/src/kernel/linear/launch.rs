@@ -6,6 +6,7 @@
 use super::gemm::{gemm_window, StridedLaunch, DEPTH, UNITS};
 use crate::dispatch::count_fused_launch;
 use crate::kernel::columns::Window;
+use crate::kernel::writable;
 use burn::tensor::{Shape, TensorMetadata};
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::{empty_device_contiguous_dtype, zeros_client};
@@ -62,17 +63,6 @@ impl<R: CubeRuntime> Operand<R> {
 fn rows_of<R: CubeRuntime>(t: &CubeTensor<R>) -> usize {
     let dims = t.shape().to_vec();
     dims[..dims.len() - 1].iter().product()
-}
-
-/// An output the caller may write into: `t` itself when no other handle shares its buffer,
-/// else a private contiguous copy (Burn tensors are values; a shared buffer is never
-/// written).
-fn writable<R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor<R> {
-    if t.can_mut() && t.is_contiguous() {
-        t
-    } else {
-        t.copy()
-    }
 }
 
 /// One launch of [`gemm_window`] over an `m × n` output.
