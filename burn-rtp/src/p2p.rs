@@ -28,19 +28,29 @@ pub(crate) fn read_host<B: Backend>(t: Float<B>) -> TensorData {
         .expect("reading a tensor from the inner backend failed")
 }
 
-/// Wraps an inner tensor as a payload for this transport.
-fn to_payload<B: Backend>(ctx: &RankCtx<B>, t: Float<B>) -> Payload<Float<B>> {
-    match ctx.transport.buffer_kind() {
-        BufferKind::Device => Payload::Device(t),
-        BufferKind::Host => Payload::Host(read_host::<B>(t)),
-    }
+/// One message's payload per tensor.
+type Payloads<B> = Vec<Payload<Float<B>>>;
+
+/// Wraps inner tensors as payloads for this transport.
+fn to_payloads<B: Backend>(ctx: &RankCtx<B>, tensors: &[Float<B>]) -> Payloads<B> {
+    tensors
+        .iter()
+        .map(|t| match ctx.transport.buffer_kind() {
+            BufferKind::Device => Payload::Device(t.clone()),
+            BufferKind::Host => Payload::Host(Arc::new(read_host::<B>(t.clone()))),
+        })
+        .collect()
 }
 
 /// Turns a received payload into an inner tensor on this rank's device.
 fn from_payload<B: Backend>(ctx: &RankCtx<B>, p: Payload<Float<B>>) -> Float<B> {
     match p {
         Payload::Device(t) => t,
-        Payload::Host(data) => B::float_from_data(data, &ctx.inner),
+        // A received message's data is its own (the `Arc` is unique): no copy.
+        Payload::Host(data) => B::float_from_data(
+            Arc::try_unwrap(data).unwrap_or_else(|shared| (*shared).clone()),
+            &ctx.inner,
+        ),
     }
 }
 
@@ -159,25 +169,21 @@ pub(crate) fn complete<B: Backend>(ctx: &RankCtx<B>, posted: Posted<B>) -> Recei
 /// Sends started to one or more peers; wait before reusing or dropping their buffers.
 pub(crate) struct Started(Vec<Box<dyn SendHandle>>);
 
-/// Starts sending `tensors` to `to`, one message per tensor under the matching header.
+/// Starts sending `payloads` to `to`, one message per payload under the matching header.
 /// `hold` are the charges of the tensors' buffers, which a waiting message keeps alive.
-pub(crate) fn start<B: Backend>(
+/// The caller fenced the tensors (they must be written before another rank reads them).
+fn start<B: Backend>(
     ctx: &RankCtx<B>,
     to: usize,
     headers: Vec<Header>,
-    tensors: &[Float<B>],
+    payloads: Payloads<B>,
     hold: &[Arc<Charge>],
 ) -> Started {
-    // The tensors must be written before another rank's thread may read them.
-    fence(ctx);
     Started(
         headers
             .into_iter()
-            .zip(tensors)
-            .map(|(h, t)| {
-                let payload = to_payload(ctx, t.clone());
-                ctx.check(ctx.transport.isend(to, h, payload, hold.to_vec()))
-            })
+            .zip(payloads)
+            .map(|(h, payload)| ctx.check(ctx.transport.isend(to, h, payload, hold.to_vec())))
             .collect(),
     )
 }
@@ -217,10 +223,26 @@ pub(crate) fn exchange<B: Backend, R>(
         .into_iter()
         .map(|leg| post(ctx, leg.peer, leg.headers, elem))
         .collect();
+    // The tensors must be written before another rank's thread may read them.
+    fence(ctx);
+    // Legs that send the same tensors (an all-gather sends one shard to every peer) share
+    // one host copy of them.
+    let mut read: Option<(&[Float<B>], Payloads<B>)> = None;
     let started: Vec<Started> = sends
         .into_iter()
-        .map(|leg| start(ctx, leg.peer, leg.headers, leg.tensors, &leg.hold))
+        .map(|leg| {
+            let payloads = match &read {
+                Some((sent, payloads)) if std::ptr::eq(*sent, leg.tensors) => payloads.clone(),
+                _ => {
+                    let payloads = to_payloads(ctx, leg.tensors);
+                    read = Some((leg.tensors, payloads.clone()));
+                    payloads
+                }
+            };
+            start(ctx, leg.peer, leg.headers, payloads, &leg.hold)
+        })
         .collect();
+    drop(read);
     let out = compute();
     for s in started {
         finish(ctx, s);
@@ -247,7 +269,8 @@ pub(crate) fn swap<B: Backend>(
     if ctx.transport.buffers_sends() {
         ctx.exchanges
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let started = start(ctx, to, outgoing, &buffer, &held);
+        fence(ctx);
+        let started = start(ctx, to, outgoing, to_payloads(ctx, &buffer), &held);
         finish(ctx, started);
         drop(buffer);
         drop(held);

@@ -66,7 +66,6 @@ fn resuming_equals_uninterrupted_training_and_consolidation_loads_into_single_de
         "single-device validation loss {val} vs RTP {}",
         b.report.final_val_loss
     );
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]
@@ -118,7 +117,6 @@ fn bad_checkpoints_are_refused() {
     // No checkpoint at all.
     let err = Checkpoint::open(&dir.join("nowhere")).unwrap_err();
     assert!(matches!(err, CheckpointError::Missing { .. }), "{err}");
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]
@@ -159,5 +157,4 @@ fn bad_data_is_refused() {
     cfg.batch = 12;
     let err = train::<NdArray>(&cfg, |_| Default::default(), None).unwrap_err();
     assert!(err.to_string().contains("multiple of the 5 ranks"), "{err}");
-    let _ = std::fs::remove_dir_all(dir);
 }

@@ -24,11 +24,32 @@ pub fn tiny(strategy: Strategy, ranks: usize, steps: usize) -> TrainConfig {
     cfg
 }
 
-pub fn temp_dir(name: &str) -> std::path::PathBuf {
+/// A fresh directory for one test, removed when the test ends. A failing test keeps it (and
+/// prints where), since its checkpoints and reports are what one reads to see why.
+pub struct TestDir(std::path::PathBuf);
+
+impl std::ops::Deref for TestDir {
+    type Target = std::path::Path;
+    fn deref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for TestDir {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("kept for inspection: {}", self.0.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+pub fn temp_dir(name: &str) -> TestDir {
     let dir = std::env::temp_dir().join(format!("burn-rtp-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    dir
+    TestDir(dir)
 }
 
 /// Trains the same model on plain `Autodiff<NdArray>` with the trainer's data order.

@@ -72,7 +72,7 @@ fn text(out: &Output) -> String {
     )
 }
 
-fn temp_dir(name: &str) -> PathBuf {
+fn temp_dir(name: &str) -> common::TestDir {
     common::temp_dir(&format!("mpi-{name}"))
 }
 
@@ -412,6 +412,5 @@ fn a_signal_stops_an_mpi_job_cleanly_and_its_checkpoint_resumes_exactly() {
             .join("manifest.json");
         assert!(manifest.exists(), "{how}: {:?}", stop.rest);
         common::assert_resumes_exactly(&gpt, &flags, &root, stop.stopped, &dir);
-        let _ = std::fs::remove_dir_all(dir);
     }
 }

@@ -30,12 +30,13 @@ pub enum BufferKind {
 }
 
 /// One message's payload: a backend tensor or host data.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub enum Payload<T> {
     /// A backend tensor primitive, handed over without a copy where possible.
     Device(T),
-    /// Host data.
-    Host(TensorData),
+    /// Host data, shared: a tensor sent to several peers (an all-gather) is read to the host
+    /// once, and every send reads its bytes from that one copy.
+    Host(Arc<TensorData>),
 }
 
 /// Identifies a message so that the receiver can check both sides run the same op.

@@ -6,14 +6,18 @@
 //! every MPI call (`MPI_THREAD_FUNNELED`: it initialised MPI) and keeps testing its requests
 //! while the rank computes; the rank talks to it through a channel.
 //!
-//! A message is one MPI byte message: a little-endian `u32` length, the JSON of the
-//! [`Header`] and the element type, then the tensor's bytes. Messages between two ranks use
-//! one tag and are matched in the order they were posted, which MPI's non-overtaking rule
-//! preserves; the header check then catches programs that diverged.
+//! A message is two MPI messages: the envelope (the JSON of the [`Header`] and the element
+//! type, under tag `ENVELOPE`), then the tensor's bytes (tag `DATA`). The bytes go out
+//! straight from the sender's host copy of the tensor, and arrive straight into a buffer
+//! allocated as elements of the envelope's size, which becomes the received tensor's data
+//! with no further copy (Burn adopts a buffer whose alignment is its element type's). Per
+//! peer and tag, MPI's non-overtaking rule keeps messages in the order they were sent, so the
+//! k-th envelope from a peer describes its k-th data message; the header check then catches
+//! programs that diverged.
 
 use super::{BufferKind, Header, Payload, RecvHandle, SendHandle, Transport};
 use crate::error::{RtpError, RtpResult};
-use burn::tensor::{DType, TensorData};
+use burn::tensor::{Bytes, DType, TensorData};
 use mpi::point_to_point::{Destination, Source};
 use mpi::request::{Request, StaticScope};
 use mpi::topology::Communicator;
@@ -25,10 +29,12 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// Tag of tensor messages.
+/// Tag of tensor bytes.
 const DATA: i32 = 0;
 /// Tag of the notice a failing rank sends to every other rank.
 const ABORT: i32 = 1;
+/// Tag of the envelope sent before each tensor's bytes.
+const ENVELOPE: i32 = 2;
 /// Longest sleep of the communication thread between two tests of its requests.
 const MAX_IDLE: Duration = Duration::from_micros(200);
 /// How long after a peer's abort notice transfers with the other peers may still complete:
@@ -54,17 +60,25 @@ struct Fault {
 
 type Reply<T> = Sender<Result<T, Fault>>;
 
+/// A received tensor message: its envelope (or why it could not be read), the buffer its
+/// bytes landed in, and how many bytes came.
+struct Arrival {
+    envelope: Result<Envelope, String>,
+    elems: Elems,
+    len: usize,
+}
+
 /// Requests from the ranks' side to the communication thread.
 enum Command {
     Send {
         to: i32,
         tag: i32,
-        bytes: Vec<u8>,
+        buffer: Owner,
         done: Reply<()>,
     },
     Recv {
         from: i32,
-        done: Reply<Vec<u8>>,
+        done: Reply<Arrival>,
     },
     /// Completes what is in flight, then finalises MPI.
     Finalize {
@@ -72,34 +86,122 @@ enum Command {
     },
 }
 
-/// A byte buffer lent to MPI for the life of a request.
+/// A receive buffer allocated as elements of the message's element size, so that its
+/// allocation has the element type's alignment and Burn takes it as a tensor's data without
+/// copying it.
+enum Elems {
+    B1(Vec<u8>),
+    B2(Vec<u16>),
+    B4(Vec<u32>),
+    B8(Vec<u64>),
+}
+
+impl Elems {
+    /// Room for `len` bytes as elements of `size` bytes (any other size: bytes).
+    fn zeroed(size: usize, len: usize) -> Self {
+        match size {
+            2 => Self::B2(vec![0; len.div_ceil(2)]),
+            4 => Self::B4(vec![0; len.div_ceil(4)]),
+            8 => Self::B8(vec![0; len.div_ceil(8)]),
+            _ => Self::B1(vec![0; len]),
+        }
+    }
+
+    /// The allocation's bytes.
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        fn raw<E>(v: &mut [E]) -> &mut [u8] {
+            // SAFETY: plain integers, every byte initialised; the view covers the same
+            // allocation with the same lifetime.
+            unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast(), size_of_val(v)) }
+        }
+        match self {
+            Self::B1(v) => raw(v),
+            Self::B2(v) => raw(v),
+            Self::B4(v) => raw(v),
+            Self::B8(v) => raw(v),
+        }
+    }
+
+    /// The buffer as a tensor's bytes, keeping its allocation (and so its alignment).
+    fn into_bytes(self) -> Bytes {
+        match self {
+            Self::B1(v) => Bytes::from_elems(v),
+            Self::B2(v) => Bytes::from_elems(v),
+            Self::B4(v) => Bytes::from_elems(v),
+            Self::B8(v) => Bytes::from_elems(v),
+        }
+    }
+}
+
+/// What owns the memory of a request's buffer.
+enum Owner {
+    /// Small messages: envelopes and abort notices.
+    Bytes(Vec<u8>),
+    /// A tensor's host copy, sent without copying it again (shared by every peer it goes to).
+    Data(Arc<TensorData>),
+    /// A receive buffer.
+    Elems(Elems),
+}
+
+/// A buffer lent to MPI for the life of a request.
 ///
 /// rsmpi ties a request to the lifetime of its buffer. Requests here outlive any stack frame
-/// (the thread tests them in a loop), so the buffer is leaked to `'static` for the request
-/// and taken back once the request completed: MPI no longer touches it then.
-struct Lent(*mut [u8]);
+/// (the thread tests them in a loop), so the request gets a `'static` view of memory that
+/// this value keeps alive (moving the owner does not move its heap allocation), and the owner
+/// is handed back once the request completed: MPI no longer touches it then.
+struct Lent {
+    owner: Owner,
+    view: *mut [u8],
+}
 
-// SAFETY: the pointer is owned by this value alone (MPI only reads or writes it until the
-// request completes, and the communication thread reclaims it only after that).
+// SAFETY: the view points into memory the owner alone keeps alive; MPI reads or writes it
+// only until the request completes, and the owner is released only after that. Sent data
+// (`Owner::Data`) is only ever read, by MPI and by other sends of the same `Arc`.
 unsafe impl Send for Lent {}
 
 impl Lent {
-    fn new(bytes: Vec<u8>) -> Self {
-        Self(Box::into_raw(bytes.into_boxed_slice()))
+    /// Lends the first `len` bytes of a receive buffer.
+    fn receive(mut elems: Elems, len: usize) -> Self {
+        let view: *mut [u8] = &mut elems.bytes_mut()[..len];
+        Self {
+            owner: Owner::Elems(elems),
+            view,
+        }
     }
-    /// The buffer as MPI sees it.
+
+    /// Lends a send buffer.
+    fn send(owner: Owner) -> Self {
+        let bytes: &[u8] = match &owner {
+            Owner::Bytes(b) => b,
+            Owner::Data(d) => d.as_bytes(),
+            Owner::Elems(_) => unreachable!("receive buffers are lent through `receive`"),
+        };
+        let view = std::ptr::slice_from_raw_parts_mut(bytes.as_ptr().cast_mut(), bytes.len());
+        Self { owner, view }
+    }
+
+    /// The buffer as MPI sees it, for a send.
     ///
     /// # Safety
-    /// Call once per buffer, and hand the view only to the request that [`Lent::reclaim`]
-    /// waits for: the allocation lives until then, and nothing else may touch it.
-    unsafe fn view(&self) -> &'static mut [u8] {
-        // SAFETY: see above.
-        unsafe { &mut *self.0 }
+    /// Hand the view only to the request whose completion releases this value.
+    unsafe fn view(&self) -> &'static [u8] {
+        // SAFETY: see above; the memory lives as long as `self.owner`.
+        unsafe { &*self.view }
     }
-    /// Takes the bytes back. Only call once the request that used the view has completed.
-    fn reclaim(self) -> Vec<u8> {
-        // SAFETY: created by `Box::into_raw` in `new`, and reclaimed once.
-        unsafe { Box::from_raw(self.0) }.into_vec()
+
+    /// The buffer as MPI sees it, for a receive.
+    ///
+    /// # Safety
+    /// Call once, and hand the view only to the request whose completion releases this value;
+    /// nothing else touches the memory until then.
+    unsafe fn view_mut(&mut self) -> &'static mut [u8] {
+        // SAFETY: see above.
+        unsafe { &mut *self.view }
+    }
+
+    /// Takes the buffer back. Only call once the request that used the view has completed.
+    fn reclaim(self) -> Owner {
+        self.owner
     }
 }
 
@@ -107,6 +209,8 @@ impl Lent {
 struct Active<T> {
     request: Request<'static, [u8], StaticScope>,
     buffer: Lent,
+    /// A receive's envelope and length (sends: none).
+    arrival: Option<(Result<Envelope, String>, usize)>,
     /// Taken when a peer's failure was reported to the waiting rank before MPI completed
     /// the request (the buffer stays lent until MPI does).
     done: Option<Reply<T>>,
@@ -123,8 +227,10 @@ struct Engine {
     rank: usize,
     sends: Vec<Active<()>>,
     /// Per source, the receives posted and not yet matched, in posting order.
-    waiting: Vec<VecDeque<Reply<Vec<u8>>>>,
-    receiving: Vec<Active<Vec<u8>>>,
+    waiting: Vec<VecDeque<Reply<Arrival>>>,
+    /// Per source, the envelope taken whose data message has not been matched yet.
+    envelopes: Vec<Option<Result<Envelope, String>>>,
+    receiving: Vec<Active<Arrival>>,
     failed: Option<(usize, String)>,
     /// When pending transfers fail after an abort notice.
     fail_at: Option<Instant>,
@@ -144,20 +250,20 @@ impl Engine {
             Command::Send {
                 to,
                 tag,
-                bytes,
+                buffer,
                 done,
             } => {
-                let buffer = Lent::new(bytes);
-                // SAFETY: the one view of this buffer, lent to this request only.
+                let buffer = Lent::send(buffer);
+                // SAFETY: lent to this request only; released when it completed.
                 let view = unsafe { buffer.view() };
-                let request = self.world.process_at_rank(to).immediate_send_with_tag(
-                    StaticScope,
-                    &*view,
-                    tag,
-                );
+                let request =
+                    self.world
+                        .process_at_rank(to)
+                        .immediate_send_with_tag(StaticScope, view, tag);
                 self.sends.push(Active {
                     request,
                     buffer,
+                    arrival: None,
                     done: Some(done),
                     since: Instant::now(),
                 });
@@ -186,29 +292,56 @@ impl Engine {
         for source in 0..self.waiting.len() {
             while !self.waiting[source].is_empty() {
                 let process = self.world.process_at_rank(source as i32);
+                if self.envelopes[source].is_none() {
+                    // Envelopes are small (sent eagerly): once matched, they are here.
+                    let Some((message, status)) =
+                        process.immediate_matched_probe_with_tag(ENVELOPE)
+                    else {
+                        break;
+                    };
+                    let mut raw = vec![0u8; status.count(u8::equivalent_datatype()) as usize];
+                    message.matched_receive_into(&mut raw[..]);
+                    self.envelopes[source] = Some(
+                        serde_json::from_slice(&raw).map_err(|e| format!("unreadable header: {e}")),
+                    );
+                    moved = true;
+                }
                 let Some((message, status)) = process.immediate_matched_probe_with_tag(DATA) else {
                     break;
                 };
+                let envelope = self.envelopes[source].take().expect("taken above");
                 let len = status.count(u8::equivalent_datatype()) as usize;
-                let buffer = Lent::new(vec![0u8; len]);
+                let size = envelope.as_ref().map_or(1, |e| e.dtype.size());
+                let mut buffer = Lent::receive(Elems::zeroed(size, len), len);
                 // SAFETY: the one view of this buffer, lent to this request only.
-                let request =
-                    message.immediate_matched_receive_into(StaticScope, unsafe { buffer.view() });
+                let request = message
+                    .immediate_matched_receive_into(StaticScope, unsafe { buffer.view_mut() });
                 let done = self.waiting[source].pop_front().expect("checked non-empty");
                 self.receiving.push(Active {
                     request,
                     buffer,
+                    arrival: Some((envelope, len)),
                     done: Some(done),
                     since: Instant::now(),
                 });
                 moved = true;
             }
         }
-        moved |= test_all(&mut self.sends, |_| (), |_| {});
+        moved |= test_all(&mut self.sends, |_, _| (), |_| {});
         let wire = &self.wire;
         moved |= test_all(
             &mut self.receiving,
-            |bytes| bytes,
+            |owner, arrival| {
+                let (envelope, len) = arrival.expect("receives carry their envelope");
+                let Owner::Elems(elems) = owner else {
+                    unreachable!("receives lend element buffers")
+                };
+                Arrival {
+                    envelope,
+                    elems,
+                    len,
+                }
+            },
             |since| {
                 if let Some(log) = wire.lock().unwrap().as_mut() {
                     log.push((since, Instant::now()));
@@ -280,7 +413,7 @@ impl Engine {
 /// (mapped by `done_value`) to the rank.
 fn test_all<T>(
     active: &mut Vec<Active<T>>,
-    done_value: impl Fn(Vec<u8>) -> T,
+    done_value: impl Fn(Owner, Option<(Result<Envelope, String>, usize)>) -> T,
     completed: impl Fn(Instant),
 ) -> bool {
     let mut moved = false;
@@ -289,15 +422,16 @@ fn test_all<T>(
         let Active {
             request,
             buffer,
+            arrival,
             done,
             since,
         } = active.swap_remove(i);
         match request.test() {
             Ok(_) => {
                 completed(since);
-                let bytes = buffer.reclaim();
+                let owner = buffer.reclaim();
                 if let Some(done) = done {
-                    let _ = done.send(Ok(done_value(bytes)));
+                    let _ = done.send(Ok(done_value(owner, arrival)));
                 }
                 moved = true;
             }
@@ -306,6 +440,7 @@ fn test_all<T>(
                 active.push(Active {
                     request,
                     buffer,
+                    arrival,
                     done,
                     since,
                 });
@@ -340,6 +475,7 @@ fn run(commands: Receiver<Command>, ready: Sender<Result<(usize, usize), String>
         rank,
         sends: Vec::new(),
         waiting: (0..size).map(|_| VecDeque::new()).collect(),
+        envelopes: (0..size).map(|_| None).collect(),
         receiving: Vec::new(),
         failed: None,
         fail_at: None,
@@ -527,45 +663,26 @@ fn transport_error(rank: usize, op: &str, reason: String) -> RtpError {
     }
 }
 
-/// Encodes a message: envelope length, envelope JSON, tensor bytes.
-fn encode(header: Header, data: &TensorData) -> Vec<u8> {
-    let envelope = serde_json::to_vec(&Envelope {
-        header,
-        dtype: data.dtype,
-    })
-    .expect("a header serialises");
-    let payload = data.as_bytes();
-    let mut bytes = Vec::with_capacity(4 + envelope.len() + payload.len());
-    bytes.extend_from_slice(&(envelope.len() as u32).to_le_bytes());
-    bytes.extend_from_slice(&envelope);
-    bytes.extend_from_slice(payload);
-    bytes
-}
-
-/// Decodes a message into its header and tensor data, reusing the message's buffer for the
-/// data (a received shard is not copied a second time).
-fn decode(mut bytes: Vec<u8>) -> Result<(Header, TensorData), String> {
-    let short = || format!("a message of {} bytes is too short", bytes.len());
-    let len = u32::from_le_bytes(bytes.get(..4).ok_or_else(short)?.try_into().unwrap()) as usize;
-    let envelope = bytes.get(4..4 + len).ok_or_else(short)?;
-    let envelope: Envelope =
-        serde_json::from_slice(envelope).map_err(|e| format!("unreadable header: {e}"))?;
-    bytes.drain(..4 + len);
-    let payload = bytes;
+/// Turns an arrival into the tensor data it carries, checking that its length is the one its
+/// envelope announces. The receive buffer becomes the data: no copy.
+fn decode(arrival: Arrival) -> Result<(Header, TensorData), String> {
+    let Arrival {
+        envelope,
+        elems,
+        len,
+    } = arrival;
+    let envelope = envelope?;
     let expected = envelope.header.shape.iter().product::<usize>() * envelope.dtype.size();
-    if payload.len() != expected {
+    if len != expected {
         return Err(format!(
-            "{} carries {} bytes, not the {expected} of {:?} {:?}",
-            envelope.header,
-            payload.len(),
-            envelope.dtype,
-            envelope.header.shape
+            "{} carries {len} bytes, not the {expected} of {:?} {:?}",
+            envelope.header, envelope.dtype, envelope.header.shape
         ));
     }
     let shape = envelope.header.shape.clone();
     Ok((
         envelope.header,
-        TensorData::from_bytes_vec(payload, shape, envelope.dtype),
+        TensorData::from_bytes(elems.into_bytes(), shape, envelope.dtype),
     ))
 }
 
@@ -573,7 +690,8 @@ struct MpiSend {
     transport: Arc<MpiTransport>,
     to: usize,
     op: String,
-    reply: Receiver<Result<(), Fault>>,
+    /// The envelope's and the data's completions.
+    replies: [Receiver<Result<(), Fault>>; 2],
     /// The sender's charges for the payload: MPI holds a copy of its bytes until the send
     /// completes, so the ledger keeps counting them until then.
     _hold: Vec<Arc<crate::accounting::Charge>>,
@@ -581,7 +699,10 @@ struct MpiSend {
 
 impl SendHandle for MpiSend {
     fn wait(self: Box<Self>) -> RtpResult<()> {
-        self.transport.await_reply(self.reply, self.to, &self.op)
+        for reply in self.replies {
+            self.transport.await_reply(reply, self.to, &self.op)?;
+        }
+        Ok(())
     }
 }
 
@@ -589,16 +710,16 @@ struct MpiRecv {
     transport: Arc<MpiTransport>,
     from: usize,
     expect: Header,
-    reply: Receiver<Result<Vec<u8>, Fault>>,
+    reply: Receiver<Result<Arrival, Fault>>,
 }
 
 impl<T: Send + 'static> RecvHandle<T> for MpiRecv {
     fn wait(self: Box<Self>) -> RtpResult<Payload<T>> {
         let rank = self.transport.rank;
-        let bytes = self
+        let arrival = self
             .transport
             .await_reply(self.reply, self.from, &self.expect.op)?;
-        let (header, data) = decode(bytes).map_err(|reason| {
+        let (header, data) = decode(arrival).map_err(|reason| {
             transport_error(
                 rank,
                 &self.expect.op,
@@ -606,7 +727,7 @@ impl<T: Send + 'static> RecvHandle<T> for MpiRecv {
             )
         })?;
         self.expect.check(&header, rank, self.from)?;
-        Ok(Payload::Host(data))
+        Ok(Payload::Host(Arc::new(data)))
     }
 }
 
@@ -632,8 +753,8 @@ impl<T: Send + 'static> Transport<T> for MpiEndpoint {
         to: usize,
         header: Header,
         payload: Payload<T>,
-        // The payload is copied into the bytes MPI sends, which live until the send
-        // completes: the sender's charges stay with the handle until then.
+        // MPI reads the payload's host copy until the send completes: the sender's charges
+        // stay with the handle until then.
         hold: Vec<Arc<crate::accounting::Charge>>,
     ) -> RtpResult<Box<dyn SendHandle>> {
         let op = header.op.to_string();
@@ -645,32 +766,48 @@ impl<T: Send + 'static> Transport<T> for MpiEndpoint {
                 "the MPI transport moves host buffers only".into(),
             ));
         };
-        let bytes = encode(header, &data);
-        if bytes.len() > i32::MAX as usize {
+        let size = data.as_bytes().len();
+        if size > i32::MAX as usize {
             return Err(transport_error(
                 self.0.rank,
                 &op,
                 format!(
                     "a message of {} exceeds MPI's limit of 2 GiB per message",
-                    crate::human_bytes(bytes.len() as u64)
+                    crate::human_bytes(size as u64)
                 ),
             ));
         }
-        let (done, reply) = mpsc::channel();
-        self.0.submit(
-            Command::Send {
-                to: to as i32,
-                tag: DATA,
-                bytes,
-                done,
-            },
-            &op,
-        )?;
+        let envelope = serde_json::to_vec(&Envelope {
+            header,
+            dtype: data.dtype,
+        })
+        .expect("a header serialises");
+        // The envelope goes first: the receiver sizes and aligns the data's buffer from it.
+        let replies = [
+            (ENVELOPE, Owner::Bytes(envelope)),
+            (DATA, Owner::Data(data)),
+        ]
+        .map(|(tag, buffer)| {
+            let (done, reply) = mpsc::channel();
+            let sent = self.0.submit(
+                Command::Send {
+                    to: to as i32,
+                    tag,
+                    buffer,
+                    done,
+                },
+                &op,
+            );
+            (sent, reply)
+        });
+        let [(envelope_sent, envelope), (data_sent, data)] = replies;
+        envelope_sent?;
+        data_sent?;
         Ok(Box::new(MpiSend {
             transport: self.0.clone(),
             to,
             op,
-            reply,
+            replies: [envelope, data],
             _hold: hold,
         }))
     }
@@ -714,7 +851,7 @@ impl<T: Send + 'static> Transport<T> for MpiEndpoint {
                 Command::Send {
                     to: peer as i32,
                     tag: ABORT,
-                    bytes: notice.clone().into_bytes(),
+                    buffer: Owner::Bytes(notice.clone().into_bytes()),
                     done,
                 },
                 "abort",
@@ -747,5 +884,65 @@ impl<T: Send + 'static> Transport<T> for MpiEndpoint {
             .as_mut()
             .map(std::mem::take)
             .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::borrow::Cow;
+
+    fn arrival(dtype: DType, shape: Vec<usize>, elems: Elems, len: usize) -> Arrival {
+        Arrival {
+            envelope: Ok(Envelope {
+                header: Header {
+                    seq: 3,
+                    op: Cow::Borrowed("test"),
+                    part: 1,
+                    shape,
+                },
+                dtype,
+            }),
+            elems,
+            len,
+        }
+    }
+
+    /// The receive buffer becomes the tensor's data: NdArray takes the same allocation.
+    #[test]
+    fn received_bytes_become_the_tensor_without_a_copy() {
+        let values = [1.5f32, -2.0, 3.25];
+        let mut elems = Elems::zeroed(DType::F32.size(), 12);
+        for (chunk, v) in elems.bytes_mut().chunks_mut(4).zip(values) {
+            chunk.copy_from_slice(&v.to_ne_bytes());
+        }
+        let at = elems.bytes_mut().as_ptr() as usize;
+        let (header, data) = decode(arrival(DType::F32, vec![3], elems, 12)).unwrap();
+        assert_eq!(header.shape, vec![3]);
+        let vec = data.into_vec::<f32>().unwrap();
+        assert_eq!(vec, values);
+        assert_eq!(vec.as_ptr() as usize, at, "the received bytes were copied");
+    }
+
+    /// Each element size gets a buffer of its own alignment (f64 as u64, f16 as u16).
+    #[test]
+    fn receive_buffers_take_the_element_s_alignment() {
+        for (dtype, align) in [(DType::F64, 8), (DType::F32, 4), (DType::F16, 2)] {
+            let mut elems = Elems::zeroed(dtype.size(), 5 * dtype.size());
+            assert_eq!(elems.bytes_mut().len(), 5 * dtype.size(), "{dtype:?}");
+            assert_eq!(elems.bytes_mut().as_ptr() as usize % align, 0, "{dtype:?}");
+            let (_, data) = decode(arrival(dtype, vec![5], elems, 5 * dtype.size())).unwrap();
+            assert_eq!(data.as_bytes().len(), 5 * dtype.size());
+        }
+    }
+
+    /// A length other than the envelope's, or an unreadable envelope, is an error, not data.
+    #[test]
+    fn a_message_that_disagrees_with_its_envelope_is_refused() {
+        let short = decode(arrival(DType::F32, vec![3], Elems::zeroed(4, 8), 8));
+        assert!(short.unwrap_err().contains("carries 8 bytes, not the 12"));
+        let mut bad = arrival(DType::F32, vec![3], Elems::zeroed(4, 12), 12);
+        bad.envelope = Err("unreadable header: EOF".into());
+        assert!(decode(bad).unwrap_err().contains("unreadable header"));
     }
 }

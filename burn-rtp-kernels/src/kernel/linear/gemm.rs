@@ -68,6 +68,7 @@ pub(crate) fn gemm_window<F: Float>(
     let mut tile_b = SharedMemory::<F>::new(comptime!(depth * units * tn));
     let mut acc = Array::<F>::new(comptime!(tm * tn));
     let mut sum = Array::<F>::new(tn);
+    let mut row_b = Array::<F>::new(tn);
     #[unroll]
     for i in 0..tm * tn {
         acc[i] = F::new(0.0);
@@ -104,13 +105,21 @@ pub(crate) fn gemm_window<F: Float>(
             tile_b[e] = v;
         }
         sync_cube();
+        // B's row is read into registers once per k and reused by all tm rows: tm + tn
+        // shared-memory loads per tm·tn multiply-adds, not tm·(tn + 1). (Lavapipe's compiler
+        // already reused them: its timings did not move; a GPU's need not.)
+        #[unroll]
         for kk in 0..depth {
+            #[unroll]
+            for j in 0..tn {
+                row_b[j] = tile_b[kk * block_n + tx + j * units];
+            }
             #[unroll]
             for i in 0..tm {
                 let av = tile_a[(ty + i * units) * depth + kk];
                 #[unroll]
                 for j in 0..tn {
-                    acc[i * tn + j] += av * tile_b[kk * block_n + tx + j * units];
+                    acc[i * tn + j] += av * row_b[j];
                 }
             }
         }
