@@ -28,18 +28,40 @@ pub(crate) fn read_host<B: Backend>(t: Float<B>) -> TensorData {
         .expect("reading a tensor from the inner backend failed")
 }
 
-/// One message's payload per tensor.
-type Payloads<B> = Vec<Payload<Float<B>>>;
+/// One message's payload per tensor, and the charge of the host copies they carry.
+struct Payloads<B: Backend> {
+    payloads: Vec<Payload<Float<B>>>,
+    /// A byte transport sends from a host copy of each tensor, which lives until the last
+    /// send of it completes (device handles are the tensors' own buffers: no charge).
+    copies: Option<Arc<Charge>>,
+}
+
+impl<B: Backend> Clone for Payloads<B> {
+    fn clone(&self) -> Self {
+        Self {
+            payloads: self.payloads.clone(),
+            copies: self.copies.clone(),
+        }
+    }
+}
 
 /// Wraps inner tensors as payloads for this transport.
 fn to_payloads<B: Backend>(ctx: &RankCtx<B>, tensors: &[Float<B>]) -> Payloads<B> {
-    tensors
+    if ctx.transport.buffer_kind() == BufferKind::Device {
+        return Payloads {
+            payloads: tensors.iter().cloned().map(Payload::Device).collect(),
+            copies: None,
+        };
+    }
+    let data: Vec<Arc<TensorData>> = tensors
         .iter()
-        .map(|t| match ctx.transport.buffer_kind() {
-            BufferKind::Device => Payload::Device(t.clone()),
-            BufferKind::Host => Payload::Host(Arc::new(read_host::<B>(t.clone()))),
-        })
-        .collect()
+        .map(|t| Arc::new(read_host::<B>(t.clone())))
+        .collect();
+    let bytes = data.iter().map(|d| d.as_bytes().len()).sum();
+    Payloads {
+        payloads: data.into_iter().map(Payload::Host).collect(),
+        copies: Some(ctx.ledger.charge(Category::InFlight, bytes)),
+    }
 }
 
 /// Turns a received payload into an inner tensor on this rank's device.
@@ -170,7 +192,8 @@ pub(crate) fn complete<B: Backend>(ctx: &RankCtx<B>, posted: Posted<B>) -> Recei
 pub(crate) struct Started(Vec<Box<dyn SendHandle>>);
 
 /// Starts sending `payloads` to `to`, one message per payload under the matching header.
-/// `hold` are the charges of the tensors' buffers, which a waiting message keeps alive.
+/// `hold` are the charges of the tensors' buffers, which a waiting message keeps alive (with
+/// the charge of the host copies it is sent from).
 /// The caller fenced the tensors (they must be written before another rank reads them).
 fn start<B: Backend>(
     ctx: &RankCtx<B>,
@@ -179,11 +202,13 @@ fn start<B: Backend>(
     payloads: Payloads<B>,
     hold: &[Arc<Charge>],
 ) -> Started {
+    let mut hold = hold.to_vec();
+    hold.extend(payloads.copies);
     Started(
         headers
             .into_iter()
-            .zip(payloads)
-            .map(|(h, payload)| ctx.check(ctx.transport.isend(to, h, payload, hold.to_vec())))
+            .zip(payloads.payloads)
+            .map(|(h, payload)| ctx.check(ctx.transport.isend(to, h, payload, hold.clone())))
             .collect(),
     )
 }
