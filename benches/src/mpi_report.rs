@@ -226,11 +226,16 @@ fn run_job(
     ranks: usize,
     job: &Job,
     as_limit: Option<u64>,
+    env: &[(&str, &str)],
 ) -> Result<Option<JobResult>, String> {
     let _ = std::fs::remove_file(&job.out);
     let mut cmd = Command::new("mpirun");
     cmd.args(["--oversubscribe", "--allow-run-as-root", "-np"])
         .arg(ranks.to_string());
+    for (name, value) in env {
+        // `-x` exports the variable to every rank, wherever mpirun starts it.
+        cmd.arg("-x").arg(name).env(name, value);
+    }
     if let Some(limit) = as_limit {
         cmd.arg("prlimit").arg(format!("--as={limit}"));
     }
@@ -306,7 +311,7 @@ pub fn run(
                         steps: cfg.steps,
                         out: scratch.join(format!("{}-{n}-{}.json", c.name, variant.name())),
                     };
-                    let r = run_job(exe, n, &job, None)?.expect("failures are errors here");
+                    let r = run_job(exe, n, &job, None, &[])?.expect("failures are errors here");
                     let step = median(&r.step_s) * 1e3;
                     let rss = r.peak_rss_bytes.iter().copied().max().unwrap_or(0);
                     let ledger = r.ledger_peak_bytes.iter().copied().max().unwrap_or(0);
@@ -373,7 +378,7 @@ pub fn run(
                 steps: 3,
                 out: scratch.join(format!("capacity-{}.json", variant.name())),
             };
-            let r = run_job(exe, capacity_n, &job, Some(cfg.capacity_limit_bytes))?;
+            let r = run_job(exe, capacity_n, &job, Some(cfg.capacity_limit_bytes), &[])?;
             log(&format!(
                 "capacity {:<7} d_model {:>5}, {} layer(s) under {} per process: {}",
                 variant.name(),
@@ -436,6 +441,14 @@ pub fn run(
         }));
     }
     headline.insert("planner_max_rel_error_rss".into(), json!(worst_rss));
+    headline.insert(
+        "planner_max_rel_error_rss_default_malloc".into(),
+        json!(planner_rows
+            .iter()
+            .filter_map(|r| r["rel_error_rss_default_malloc"].as_f64())
+            .map(f64::abs)
+            .fold(0.0, f64::max)),
+    );
     let mut report = Value::Object(headline);
     report["cells"] = json!(details);
     report["planner"] = json!(planner_rows);
@@ -458,6 +471,14 @@ pub fn run(
     plots(cfg, &cells, &capacity)?;
     Ok(report)
 }
+
+/// glibc's mmap threshold fixed at 128 KiB, its starting value. Fixed, every block of that size
+/// or more (every tensor of the grid's models but the smallest) is mapped on its own and
+/// unmapped when freed, so the resident set follows the bytes alive. By default glibc raises
+/// the threshold after each freed mapping (up to 32 MiB) and serves later tensors from its
+/// heap, which keeps freed blocks resident: the RSS then also holds memory the program no
+/// longer uses, in amounts set by the order of frees, which no shape-based plan can know.
+const FIXED_MMAP_THRESHOLD: (&str, &str) = ("MALLOC_MMAP_THRESHOLD_", "131072");
 
 /// The memory planner, probed in this process at N = 1, against each grid point's RSS
 /// growth under mpirun (rank 0's `VmHWM` minus its value just before the model was built).
@@ -483,25 +504,35 @@ pub fn planner_rows(
                 steps: 2,
                 out: scratch.join(format!("planner-{}.json", variant.name())),
             };
-            let r = run_job(exe, p.ranks, &job, None)?.expect("failures are errors here");
-            let growth = r.peak_rss_bytes[0].saturating_sub(r.baseline_rss_bytes[0]);
-            let rel = (predicted as f64 - growth as f64) / growth.max(1) as f64;
+            // The same job under glibc's default allocator and with its mmap threshold fixed.
+            let growth = |env: &[(&str, &str)]| -> Result<(u64, u64), String> {
+                let r = run_job(exe, p.ranks, &job, None, env)?.expect("failures are errors here");
+                let growth = r.peak_rss_bytes[0].saturating_sub(r.baseline_rss_bytes[0]);
+                Ok((growth, r.ledger_peak_bytes[0]))
+            };
+            let (default_growth, _) = growth(&[])?;
+            let (fixed_growth, ledger) = growth(&[FIXED_MMAP_THRESHOLD])?;
+            let rel = |growth: u64| (predicted as f64 - growth as f64) / growth.max(1) as f64;
             log(&format!(
-                "planner: d_model {} x {} layers, context {}, N = {} {:<7}: predicted {}, RSS growth {} ({:+.1}%), ledger {}",
+                "planner: d_model {} x {} layers, context {}, N = {} {:<7}: predicted {}, RSS growth {} ({:+.1}%; {} {:+.1}% with glibc's default mmap threshold), ledger {}",
                 p.model.d_model,
                 p.model.layers,
                 p.model.seq,
                 p.ranks,
                 variant.name(),
                 human_bytes(predicted),
-                human_bytes(growth),
-                rel * 100.0,
-                human_bytes(r.ledger_peak_bytes[0])
+                human_bytes(fixed_growth),
+                rel(fixed_growth) * 100.0,
+                human_bytes(default_growth),
+                rel(default_growth) * 100.0,
+                human_bytes(ledger)
             ));
             planner_rows.push(json!({
                 "d_model": p.model.d_model, "layers": p.model.layers, "seq": p.model.seq,
                 "ranks": p.ranks, "strategy": variant.name(), "predicted_total": predicted,
-                "rss_growth": growth, "ledger_total": r.ledger_peak_bytes[0], "rel_error_rss": rel,
+                "rss_growth": fixed_growth, "ledger_total": ledger, "rel_error_rss": rel(fixed_growth),
+                "rss_growth_default_malloc": default_growth,
+                "rel_error_rss_default_malloc": rel(default_growth),
             }));
         }
     }
@@ -594,11 +625,11 @@ fn markdown(
             c["params"]
         );
     }
-    md += "\n## Memory planner against the resident set\n\nThe planner probes each model on one rank in-process (N = 1) and predicts rank 0's peak at N; each job's rank 0 reports its peak resident set (`VmHWM`) minus what it was just before the model was built.\n\n| d_model | layers | context | N | strategy | predicted peak | RSS growth | error | ledger peak |\n|---|---|---|---|---|---|---|---|---|\n";
+    md += "\n## Memory planner against the resident set\n\nThe planner probes each model on one rank in-process (N = 1) and predicts rank 0's peak at N; each job's rank 0 reports its peak resident set (`VmHWM`) minus what it was just before the model was built. Each job runs twice: with glibc's mmap threshold fixed at 128 KiB (`MALLOC_MMAP_THRESHOLD_=131072`), so that freed tensors leave the resident set, and with glibc's default, whose rising threshold keeps freed tensors resident in its heap.\n\n| d_model | layers | context | N | strategy | predicted peak | RSS growth | error | RSS growth, default malloc | error | ledger peak |\n|---|---|---|---|---|---|---|---|---|---|---|\n";
     for r in report["planner"].as_array().into_iter().flatten() {
         let bytes = |k: &str| human_bytes(r[k].as_u64().unwrap_or(0));
         md += &format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {:+.1}% | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {:+.1}% | {} | {:+.1}% | {} |\n",
             r["d_model"],
             r["layers"],
             r["seq"],
@@ -607,6 +638,11 @@ fn markdown(
             bytes("predicted_total"),
             bytes("rss_growth"),
             r["rel_error_rss"].as_f64().unwrap_or(f64::NAN) * 100.0,
+            bytes("rss_growth_default_malloc"),
+            r["rel_error_rss_default_malloc"]
+                .as_f64()
+                .unwrap_or(f64::NAN)
+                * 100.0,
             bytes("ledger_total"),
         );
     }

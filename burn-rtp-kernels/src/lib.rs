@@ -22,4 +22,4 @@ pub use kernel::columns::{
     assemble_columns, column_slice, output_for_columns, write_columns, ColumnError, Window,
 };
 pub use kernel::embedding::{accumulate_embedding_grad, embedding_grad_step, embedding_step};
-pub use kernel::linear::{forward_step, weight_grad_step, x_grad_step};
+pub use kernel::linear::{forward_step, weight_grad_step, weight_grad_summed, x_grad_step};

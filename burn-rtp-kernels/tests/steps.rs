@@ -11,7 +11,7 @@ use burn::backend::NdArray;
 use burn::tensor::{Int, Tensor, TensorData, TensorPrimitive};
 use burn_rtp_kernels::{
     embedding_grad_step, embedding_step, forward_step, fused_launches, weight_grad_step,
-    x_grad_step, ColumnError, Float, KernelPath, RotationKernels, Window,
+    weight_grad_summed, x_grad_step, ColumnError, Float, KernelPath, RotationKernels, Window,
 };
 
 /// Deterministic values in [-1, 1).
@@ -380,6 +380,33 @@ fn generic_steps_match_the_reference_on_ndarray() {
         KernelPath::Generic
     );
     all_cases::<NdArray>(&Default::default());
+}
+
+/// The per-sample sum holds one product at a time, yet gives Burn's own `linear_weight_backward`
+/// bit for bit: the single-device reference the equivalence suite compares with uses Burn's.
+#[test]
+fn summed_weight_gradient_equals_burns_bit_for_bit_on_ndarray() {
+    use burn::tensor::ops::ModuleOps;
+    let device = Default::default();
+    for (batch, rows, d_in, d_out) in [(1, 3, 5, 7), (4, 9, 33, 70), (7, 1, 130, 3)] {
+        let x = values(batch * rows * d_in, 11);
+        let dy = values(batch * rows * d_out, 12);
+        let x = float::<NdArray>(&x, &[batch, rows, d_in], &device);
+        let dy = float::<NdArray>(&dy, &[batch, rows, d_out], &device);
+        let burns = <NdArray as ModuleOps<NdArray>>::linear_weight_backward(x.clone(), dy.clone());
+        let ours = weight_grad_summed::<NdArray>(x, dy);
+        let bits = |t| {
+            flat::<NdArray>(t)
+                .iter()
+                .map(|v| v.to_bits())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            bits(ours),
+            bits(burns),
+            "batch {batch}, {rows} x {d_in} -> {d_out}"
+        );
+    }
 }
 
 #[test]

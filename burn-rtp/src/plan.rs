@@ -32,6 +32,13 @@
 //!   full; the predicted peak is the larger phase. Adding the in-flight peak to the other
 //!   parts' makes a prediction err high rather than low.
 //!
+//! The prediction is of bytes alive. The operating system's figure for a process (its peak
+//! resident set) adds the program's own pages, the transport library's buffers and whatever
+//! freed memory the allocator keeps: glibc's default raises its mmap threshold after each
+//! freed mapping and then keeps freed tensors resident in its heap, which a plan made from
+//! shapes cannot know; `MALLOC_MMAP_THRESHOLD_=131072` fixes the threshold so that freed
+//! tensors leave the resident set (the MPI scaling report measures both).
+//!
 //! Gradient accumulation, activation checkpointing, mixed precision and optimizers whose
 //! state is not a whole number of parameter copies are outside the model.
 

@@ -276,9 +276,11 @@ pub(super) fn weight_backward<B: RotationKernels>(
     };
     let mut deferred = Deferred::new(x_id, dy_id, bias_layout);
     let dw = match WeightUse::of_layout(&weight_layout, &ctx) {
-        WeightUse::Whole => return local(&ctx, B::linear_weight_backward(x.get(), dy.get())),
+        WeightUse::Whole => {
+            return local(&ctx, kernels::weight_grad_summed::<B>(x.get(), dy.get()))
+        }
         WeightUse::Gathered(spec) => {
-            let full = B::linear_weight_backward(x.get(), dy.get());
+            let full = kernels::weight_grad_summed::<B>(x.get(), dy.get());
             reduce_scatter_full(&ctx, "linear.reduce_scatter_weight", spec, full)
         }
         WeightUse::Rotated(spec) => {
