@@ -4,6 +4,7 @@
 
 pub mod burn_ddp;
 pub mod mpi_report;
+pub mod peer_mlp;
 pub mod planner_check;
 pub mod report;
 #[cfg(feature = "wgpu")]

@@ -22,8 +22,6 @@ use burn::backend::{Autodiff, Wgpu};
 use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataloader::DataLoaderBuilder;
 use burn::data::dataset::InMemDataset;
-use burn::nn::loss::{MseLoss, Reduction};
-use burn::nn::{Linear, LinearConfig, Relu};
 use burn::optim::AdamConfig;
 use burn::prelude::*;
 use burn::tensor::backend::distributed::{DistributedConfig, ReduceOperation};
@@ -37,6 +35,11 @@ use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+
+/// The model and rows, shared with the scaling report's rows of burn-rtp (one source).
+#[path = "../../src/peer_mlp.rs"]
+mod peer_mlp;
+use peer_mlp::{eval_rows, rows, Mlp};
 
 /// The training backend of every attempt.
 type Train = Autodiff<Wgpu>;
@@ -133,32 +136,11 @@ struct Report {
     summary: String,
 }
 
-#[derive(Module, Debug)]
-struct Mlp<B: Backend> {
-    fc1: Linear<B>,
-    fc2: Linear<B>,
-    fc3: Linear<B>,
-    act: Relu,
-}
-
-const D_IN: usize = 64;
-
-impl<B: Backend> Mlp<B> {
-    fn new(hidden: usize, device: &B::Device) -> Self {
-        Self {
-            fc1: LinearConfig::new(D_IN, hidden).init(device),
-            fc2: LinearConfig::new(hidden, hidden).init(device),
-            fc3: LinearConfig::new(hidden, 1).init(device),
-            act: Relu::new(),
-        }
-    }
-
-    fn regression(&self, batch: XyBatch<B>) -> RegressionOutput<B> {
-        let h = self.act.forward(self.fc1.forward(batch.x));
-        let out = self.fc3.forward(self.act.forward(self.fc2.forward(h)));
-        let loss = MseLoss::new().forward(out.clone(), batch.y.clone(), Reduction::Mean);
-        RegressionOutput::new(loss, out, batch.y)
-    }
+/// The peer's model under burn-train's regression output.
+fn regression<B: Backend>(model: &Mlp<B>, batch: XyBatch<B>) -> RegressionOutput<B> {
+    let out = model.forward(batch.x);
+    let loss = model.loss(out.clone(), batch.y.clone());
+    RegressionOutput::new(loss, out, batch.y)
 }
 
 impl TrainStep for Mlp<Train> {
@@ -166,7 +148,7 @@ impl TrainStep for Mlp<Train> {
     type Output = RegressionOutput<Train>;
 
     fn step(&self, batch: XyBatch<Train>) -> TrainOutput<RegressionOutput<Train>> {
-        let item = self.regression(batch);
+        let item = regression(self, batch);
         TrainOutput::new(self, item.loss.backward(), item)
     }
 }
@@ -176,39 +158,25 @@ impl InferenceStep for Mlp<Wgpu> {
     type Output = RegressionOutput<Wgpu>;
 
     fn step(&self, batch: XyBatch<Wgpu>) -> RegressionOutput<Wgpu> {
-        self.regression(batch)
+        regression(self, batch)
     }
 }
 
-/// Inputs and targets of a batch.
+/// Inputs and targets of a batch (public, as the shared model's step types name it).
 #[derive(Clone, Debug)]
-struct XyBatch<B: Backend> {
+pub struct XyBatch<B: Backend> {
     x: Tensor<B, 2>,
     y: Tensor<B, 2>,
 }
 
-/// Rows computed from their index: the same data on every run.
+/// The shared rows ([`peer_mlp::rows`]) as burn-train batches.
 #[derive(Clone)]
 struct XyBatcher;
 
 impl<B: Backend> Batcher<B, usize, XyBatch<B>> for XyBatcher {
     fn batch(&self, items: Vec<usize>, device: &B::Device) -> XyBatch<B> {
-        let n = items.len();
-        let mut x = Vec::with_capacity(n * D_IN);
-        let mut y = Vec::with_capacity(n);
-        for &i in &items {
-            let mut target = 0.0;
-            for j in 0..D_IN {
-                let v = ((i * 31 + j * 7) as f32 * 0.37).sin();
-                target += v * (j as f32 + 1.0) / D_IN as f32;
-                x.push(v);
-            }
-            y.push(target.tanh());
-        }
-        XyBatch {
-            x: Tensor::from_data(TensorData::new(x, [n, D_IN]), device),
-            y: Tensor::from_data(TensorData::new(y, [n, 1]), device),
-        }
+        let (x, y) = rows(&items, device);
+        XyBatch { x, y }
     }
 }
 
@@ -272,8 +240,8 @@ fn run_child(attempt: Attempt, args: &Args, dir: &Path) -> ChildReport {
     let start = Instant::now();
     let result = training.launch(Learner::new(model, optim, 1e-3));
     let step_ms = start.elapsed().as_secs_f64() * 1e3 / args.steps as f64;
-    let batch: XyBatch<Wgpu> = XyBatcher.batch((10_000..10_000 + args.batch).collect(), &main);
-    let loss = result.model.regression(batch).loss.into_scalar();
+    let batch: XyBatch<Wgpu> = XyBatcher.batch(eval_rows(args.batch).collect(), &main);
+    let loss = regression(&result.model, batch).loss.into_scalar();
     ChildReport {
         step_ms: Some(step_ms),
         final_loss: Some(f64::from(loss)),

@@ -64,6 +64,19 @@ struct Cli {
     /// Internal: run one job as this process's rank (started by mpirun).
     #[arg(long, hide = true)]
     mpi_worker: Option<String>,
+    /// Internal: train Burn's peer model under this strategy of ours (`ddp` or `rtp`) and
+    /// write what it measured to `--out` (started by `--burn-ddp`).
+    #[arg(long, hide = true)]
+    peer_ours: Option<String>,
+    /// Internal, with `--peer-ours`: training steps.
+    #[arg(long, hide = true, default_value_t = 20)]
+    peer_steps: usize,
+    /// Internal, with `--peer-ours`: global batch.
+    #[arg(long, hide = true, default_value_t = 64)]
+    peer_batch: usize,
+    /// Internal, with `--peer-ours`: hidden width.
+    #[arg(long, hide = true, default_value_t = 256)]
+    peer_hidden: usize,
 }
 
 fn main_mpi(cli: &Cli) -> ExitCode {
@@ -147,9 +160,19 @@ fn measure(
     }
 }
 
-/// Adds Burn's own DDP (the peer binary's findings) to the report in `out`.
+/// Adds Burn's own DDP (the peer binary's findings), and ours on its model, to the report in
+/// `out`.
 fn add_burn_ddp(bin: &Path, out: &Path) -> ExitCode {
-    match burn_rtp_benches::burn_ddp::add_to_report(bin, out) {
+    let exe = match std::env::current_exe() {
+        Ok(exe) => exe,
+        Err(e) => {
+            eprintln!(
+                "error: cannot find this program to run our strategies on the peer's model: {e}"
+            );
+            return ExitCode::FAILURE;
+        }
+    };
+    match burn_rtp_benches::burn_ddp::add_to_report(bin, out, &exe) {
         Ok(summary) => {
             println!("Burn DDP peer: {summary}");
             ExitCode::SUCCESS
@@ -190,8 +213,40 @@ fn add_wgpu(cli: &Cli, out: &Path) -> ExitCode {
     }
 }
 
+/// Trains Burn's peer model under one of our strategies (the child of `--burn-ddp`).
+fn peer_ours(cli: &Cli, strategy: &str) -> ExitCode {
+    #[cfg(feature = "wgpu")]
+    {
+        let settings = burn_rtp_benches::burn_ddp::OursSettings {
+            steps: cli.peer_steps,
+            batch: cli.peer_batch,
+            hidden: cli.peer_hidden,
+        };
+        let out = cli
+            .out
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("peer-ours.json"));
+        match burn_rtp_benches::burn_ddp::ours_child(strategy, settings, &out) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: burn-rtp {strategy} on the peer's model: {e}");
+                ExitCode::FAILURE
+            }
+        }
+    }
+    #[cfg(not(feature = "wgpu"))]
+    {
+        let _ = cli;
+        eprintln!("error: burn-rtp {strategy} on the peer's model needs `--features wgpu`");
+        ExitCode::FAILURE
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Some(strategy) = &cli.peer_ours {
+        return peer_ours(&cli, strategy);
+    }
     let mut status = report(&cli);
     let out = cli.out.clone().unwrap_or_else(default_out);
     if let (Some(bin), true) = (&cli.burn_ddp, status == ExitCode::SUCCESS) {
