@@ -100,7 +100,7 @@ pub struct RtpConfig {
     /// Seeded random delays and yields injected into the in-process transport, for stress
     /// tests that look for races (`None`: off, the default).
     pub chaos: Option<Chaos>,
-    /// How the in-process transport delivers: buffered (default) or rendezvous.
+    /// How the in-process transport delivers: rendezvous (default) or buffered.
     pub delivery: Delivery,
     /// In-process threads or MPI processes (`None`: [`TransportKind::from_environment`]).
     pub transport: Option<TransportKind>,
@@ -149,14 +149,24 @@ impl TransportKind {
 }
 
 /// How the in-process transport completes a send.
+///
+/// Rendezvous is the default because it bounds what a rank holds whatever the timing: with
+/// buffered sends a rank that runs ahead of its right-hand neighbour keeps every bundle it sent
+/// alive until the neighbour takes it, so its in-flight memory grew with the scheduling (up to
+/// 7.6 MiB over the planner's prediction at d_model 768, N = 8, in the scaling report), and a
+/// run's peak was not reproducible. With rendezvous sends the ledger's peak equalled the
+/// planner's prediction in every run, at the same speed (config A and the small bench model,
+/// N = 4 and 8, within this machine's noise).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Delivery {
-    /// A send completes at once; messages queue without limit (fast, the default).
-    #[default]
-    Buffered,
     /// A send completes only once the receiver has taken the message, like MPI's rendezvous
-    /// protocol or NCCL: a call site that relied on buffering deadlocks (and times out) here.
+    /// protocol or NCCL (the default): a call site that relied on buffering deadlocks (and
+    /// times out) here.
+    #[default]
     Rendezvous,
+    /// A send completes at once; messages queue without limit, and stay charged to their
+    /// sender until taken.
+    Buffered,
 }
 
 /// Seeded perturbation of the in-process transport: before and after every send, receive
@@ -201,7 +211,7 @@ impl RtpConfig {
             memory_cap: None,
             copy_on_receive: None,
             chaos: None,
-            delivery: Delivery::Buffered,
+            delivery: Delivery::Rendezvous,
             transport: None,
         }
     }

@@ -416,9 +416,10 @@ impl Planner {
                 let bundle = bundles(&shard);
                 // Forward: the bundle computed on and the next one arriving. Backward: those
                 // two, the travelling gradient and the next one; at N = 2 the first bundle on
-                // hand is the rank's own (model state). A bundle sent but not yet taken by a
-                // slower neighbour adds one more at times, which is why a small model's
-                // ledger peak varies between identical runs.
+                // hand is the rank's own (model state). With rendezvous sends (the in-process
+                // default, and MPI's protocol for large messages) no sent bundle outlives its
+                // exchange; buffered in-process sends let a rank run ahead and keep several,
+                // as many as the scheduling allows, which this rule does not model.
                 Buffers {
                     forward: 2 * bundle,
                     backward: if world == 2 { 3 } else { 4 } * bundle,

@@ -63,18 +63,20 @@ macro_rules! cases {
             $run(RtpConfig::new($n).with_shard_threshold(0).with_rotation($mode));
         })*
 
-        /// The same cases where a send completes only once its receive has taken it (as with
-        /// MPI's rendezvous protocol or NCCL): no call site may rely on buffering.
-        mod rendezvous {
+        /// The same cases with buffered sends (a send completes at once, messages queue), the
+        /// other delivery mode of the in-process transport; the cases above run the default,
+        /// where a send completes only once its receive has taken it (as with MPI's rendezvous
+        /// protocol or NCCL), so no call site may rely on buffering.
+        mod buffered {
             use super::*;
             $(#[test]
             fn $name() {
-                $run(rendezvous(RtpConfig::new($n).with_shard_threshold(0).with_rotation($mode)));
+                $run(buffered(RtpConfig::new($n).with_shard_threshold(0).with_rotation($mode)));
             })*
 
             #[test]
             fn baselines_match_single_device() {
-                super::baselines(rendezvous);
+                super::baselines(buffered);
             }
         }
     };
@@ -124,12 +126,9 @@ fn baselines(transport: fn(RtpConfig) -> RtpConfig) {
     }
 }
 
-/// Rendezvous delivery; a call site that relied on buffering deadlocks, and the short peer
-/// timeout turns that into a failure naming the op instead of a hang.
-fn rendezvous(config: RtpConfig) -> RtpConfig {
-    config
-        .with_delivery(Delivery::Rendezvous)
-        .with_peer_timeout(std::time::Duration::from_secs(20))
+/// Buffered delivery, the in-process transport's other mode.
+fn buffered(config: RtpConfig) -> RtpConfig {
+    config.with_delivery(Delivery::Buffered)
 }
 
 /// The rotation really shards: parameters are 1/N per rank and only the LayerNorm gains and

@@ -152,11 +152,16 @@ fn a_gather_fallback_charges_the_gathered_tensor() {
 
 #[test]
 fn a_message_waiting_in_an_inbox_stays_charged_to_its_sender_until_taken() {
-    use burn_rtp::transport::{Header, InProcessHub, Payload, Transport};
-    use burn_rtp::{Category, Ledger};
+    use burn_rtp::transport::{Header, HubOptions, InProcessHub, Payload, Transport};
+    use burn_rtp::{Category, Delivery, Ledger};
     type Inner = <NdArray as burn::tensor::backend::BackendTypes>::FloatTensorPrimitive;
 
-    let hub = InProcessHub::<Inner>::new(2, std::time::Duration::from_secs(5));
+    // Buffered delivery: the send completes before any receive is posted.
+    let options = HubOptions {
+        delivery: Delivery::Buffered,
+        chaos: None,
+    };
+    let hub = InProcessHub::<Inner>::with_options(2, std::time::Duration::from_secs(5), options);
     let (sender, receiver) = (hub.endpoint(0), hub.endpoint(1));
     let ledger = Ledger::new();
     let device = Default::default();
@@ -199,4 +204,47 @@ fn a_message_waiting_in_an_inbox_stays_charged_to_its_sender_until_taken() {
         "taken: the receiver charges it now"
     );
     drop(got);
+}
+
+#[test]
+fn by_default_a_send_completes_only_once_its_receive_took_it() {
+    use burn_rtp::transport::{Header, InProcessHub, Payload, Transport};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    type Inner = <NdArray as burn::tensor::backend::BackendTypes>::FloatTensorPrimitive;
+
+    // The default delivery is rendezvous: a sender can never run ahead of its receiver with
+    // its buffers waiting in the receiver's inbox, so what a rank holds does not depend on
+    // how the ranks are scheduled.
+    let hub = InProcessHub::<Inner>::new(2, std::time::Duration::from_secs(5));
+    let shard =
+        match Tensor::<NdArray, 2>::ones([D_IN, D_OUT], &Default::default()).into_primitive() {
+            TensorPrimitive::Float(t) => t,
+            TensorPrimitive::QFloat(_) => unreachable!("float tensors only"),
+        };
+    let header = Header {
+        seq: 0,
+        op: "test.rendezvous".into(),
+        part: 0,
+        shape: vec![D_IN, D_OUT],
+    };
+    let posted = Arc::new(AtomicBool::new(false));
+    let sender = {
+        let (endpoint, header, posted) = (hub.endpoint(0), header.clone(), posted.clone());
+        std::thread::spawn(move || {
+            let sent = endpoint
+                .isend(1, header, Payload::Device(shard), Vec::new())
+                .expect("send");
+            sent.wait().expect("taken");
+            posted.load(Ordering::SeqCst)
+        })
+    };
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    posted.store(true, Ordering::SeqCst);
+    let got = hub.endpoint(1).irecv(0, header).expect("post").wait();
+    assert!(got.is_ok(), "the message arrives");
+    assert!(
+        sender.join().unwrap(),
+        "the send completed before its receive was posted"
+    );
 }

@@ -100,7 +100,7 @@ pub struct InProcessHub<T> {
 }
 
 impl<T: Send + 'static> InProcessHub<T> {
-    /// Creates the hub of a world of `world_size` ranks with buffered sends and no chaos.
+    /// Creates the hub of a world of `world_size` ranks with rendezvous sends and no chaos.
     pub fn new(world_size: usize, timeout: Duration) -> Arc<Self> {
         Self::with_options(world_size, timeout, HubOptions::default())
     }
