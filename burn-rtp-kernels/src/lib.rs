@@ -22,4 +22,6 @@ pub use kernel::columns::{
     assemble_columns, column_slice, output_for_columns, write_columns, ColumnError, Window,
 };
 pub use kernel::embedding::{accumulate_embedding_grad, embedding_grad_step, embedding_step};
+#[cfg(feature = "cube")]
+pub use kernel::linear::launch::{set_gemm_tiling, GemmTiling};
 pub use kernel::linear::{forward_step, weight_grad_step, weight_grad_summed, x_grad_step};

@@ -305,6 +305,7 @@ fn all_cases<B: RotationKernels>(device: &B::Device) {
         forward_case::<B>(&[70], 1000, 13, 40, 27, bias, device);
         forward_case::<B>(&[9], 21, 333, 1000, 667, bias, device);
     }
+    aligned_cases::<B>(device);
     for acc in [false, true] {
         x_grad_case::<B>(1, 1, 1, 1, 0, acc, device);
         x_grad_case::<B>(5, 7, 3, 10, 7, acc, device);
@@ -324,6 +325,20 @@ fn all_cases<B: RotationKernels>(device: &B::Device) {
     embedding_case::<B>(&[3, 5], 4, 3, 10, 7, device);
     embedding_case::<B>(&[33, 1], 67, 1, 5, 4, device);
     embedding_case::<B>(&[2, 64], 1000, 17, 100, 83, device);
+}
+
+/// Shapes whose operands all move in vectors of 4 on cube backends (offsets, strides and
+/// extents multiples of 4), over several blocks of rows and columns and a partial K slice,
+/// each beside one whose window start is not a multiple of 4 (scalar loads and stores).
+fn aligned_cases<B: RotationKernels>(device: &B::Device) {
+    for flag in [false, true] {
+        forward_case::<B>(&[300], 100, 200, 400, 200, flag, device);
+        forward_case::<B>(&[2, 65], 36, 12, 40, 6, flag, device);
+        x_grad_case::<B>(300, 100, 200, 400, 200, flag, device);
+        x_grad_case::<B>(70, 36, 12, 40, 6, flag, device);
+        weight_grad_case::<B>(&[300], 100, 200, 400, 200, flag, device);
+        weight_grad_case::<B>(&[2, 35], 36, 12, 40, 6, flag, device);
+    }
 }
 
 /// Windows and shapes that do not fit are refused before anything runs.
@@ -421,13 +436,22 @@ macro_rules! on_cube_backend {
         mod $name {
             use super::*;
 
+            /// Every case with the tiling each launch picks, then the aligned and unaligned
+            /// cases with each tiling forced (one test, as the choice is process-wide), so
+            /// both tilings run with vector and with scalar loads whatever the device.
             #[test]
             fn fused_kernels_match_the_reference() {
+                use burn_rtp_kernels::{set_gemm_tiling, GemmTiling};
                 assert_eq!(
                     <$backend as RotationKernels>::kernel_path(),
                     KernelPath::Fused
                 );
                 all_cases::<$backend>(&$device);
+                for tiling in [GemmTiling::Gpu, GemmTiling::Cpu] {
+                    set_gemm_tiling(tiling);
+                    aligned_cases::<$backend>(&$device);
+                }
+                set_gemm_tiling(GemmTiling::Auto);
             }
 
             #[test]

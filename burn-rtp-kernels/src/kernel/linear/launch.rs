@@ -3,7 +3,7 @@
 //! Shapes and windows are checked by the caller ([`super`]) before anything here runs; these
 //! functions only turn tensors into operands (offset and strides) and pick the launch grid.
 
-use super::gemm::{gemm_window, StridedLaunch, DEPTH, UNITS};
+use super::gemm::{gemm_window, StridedLaunch, Tiling};
 use crate::dispatch::count_fused_launch;
 use crate::kernel::columns::Window;
 use crate::kernel::writable;
@@ -13,13 +13,87 @@ use burn_cubecl::ops::numeric::{empty_device_contiguous_dtype, zeros_client};
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeRuntime;
 use cubecl::prelude::*;
+use std::sync::atomic::{AtomicU8, Ordering};
 
-/// Outputs each unit computes along rows and columns: a 128 × 128 block per cube of 256
-/// units. On lavapipe the step time fell with every doubling of the register tile (1 × 1:
-/// 241 ms, 2 × 2: 116, 4 × 4: 56, 8 × 8: 29 for config A's forward step): shared-memory
-/// loads, not arithmetic, bound it there.
-const TM: usize = 8;
-const TN: usize = 8;
+/// The launch shape on devices with subgroup (plane) operations, i.e. GPUs: 16 × 16 units of
+/// 8 × 8 outputs (a 128 × 128 block per cube, 64 accumulators per unit).
+const GPU_TILING: Tiling = Tiling {
+    units_m: 16,
+    units_n: 16,
+    tm: 8,
+    tn: 8,
+    depth: 16,
+};
+
+/// The launch shape on devices without them, i.e. CPU rasterisers such as Mesa's lavapipe
+/// (cubecl-wgpu turns plane operations off for CPU adapters): 8 × 8 units of 16 × 16 outputs.
+/// There a load is a loop over the SIMD lanes and registers spill to the L1 cache cheaply, so
+/// the larger register tile (8 vector loads per 256 multiply-adds, against 4 per 64) wins; on
+/// a GPU its 256 accumulators would spill.
+const CPU_TILING: Tiling = Tiling {
+    units_m: 8,
+    units_n: 8,
+    tm: 16,
+    tn: 16,
+    depth: 16,
+};
+
+/// Which register tiling the fused GEMM launches with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GemmTiling {
+    /// Chosen per launch (the default): [`GemmTiling::Cpu`] on devices without plane
+    /// operations when A, B and C are all read and written in vectors of 4, else
+    /// [`GemmTiling::Gpu`].
+    Auto,
+    /// 16 × 16 units of 8 × 8 outputs per cube: GPUs.
+    Gpu,
+    /// 8 × 8 units of 16 × 16 outputs per cube: CPU rasterisers such as Mesa's lavapipe.
+    Cpu,
+}
+
+/// The process-wide choice: 0 auto, 1 GPU, 2 CPU.
+static TILING: AtomicU8 = AtomicU8::new(0);
+
+/// Forces one tiling for every fused GEMM launched from now on in this process, or gives the
+/// choice back to the launch ([`GemmTiling::Auto`]). Every tiling computes the same results;
+/// this exists to test and measure each on any device.
+pub fn set_gemm_tiling(tiling: GemmTiling) {
+    let code = match tiling {
+        GemmTiling::Auto => 0,
+        GemmTiling::Gpu => 1,
+        GemmTiling::Cpu => 2,
+    };
+    TILING.store(code, Ordering::Relaxed);
+}
+
+/// The tiling of one launch on the device of `client`, whose operands load in vectors of
+/// `na`, `nb` and `nc` elements.
+///
+/// Without plane operations (cubecl-wgpu turns them off for CPU adapters) the wide tile wins
+/// when every operand moves in vectors. With a scalar fallback its staging and stores are four
+/// times the code, and lavapipe then spends seconds compiling each variant (its coroutine
+/// lowering of the barriers grows with the blocks and the live accumulators), so the launch
+/// takes the small tile.
+fn tiling<R: CubeRuntime>(
+    client: &ComputeClient<R>,
+    (na, nb, nc): (usize, usize, usize),
+) -> Tiling {
+    match TILING.load(Ordering::Relaxed) {
+        1 => return GPU_TILING,
+        2 => return CPU_TILING,
+        _ => {}
+    }
+    let planes = client
+        .properties()
+        .features
+        .plane
+        .contains(cubecl::ir::features::Plane::Ops);
+    if !planes && na == 4 && nb == 4 && nc == 4 {
+        CPU_TILING
+    } else {
+        GPU_TILING
+    }
+}
 
 /// A 2-D operand: the tensor, and where its `[rows, cols]` matrix lies in its buffer.
 struct Operand<R: CubeRuntime> {
@@ -54,6 +128,28 @@ impl<R: CubeRuntime> Operand<R> {
         }
     }
 
+    /// The vector size the kernel may load this `rows × cols` matrix with: 4 when its
+    /// elements are adjacent along one dimension and that extent, the offset and the other
+    /// stride are all multiples of 4, so that every vector of 4 lies wholly inside or outside
+    /// the matrix; else 1.
+    fn vector_size(&self, rows: usize, cols: usize, max: usize) -> usize {
+        let fits = |extent: usize, other_stride: usize, other_extent: usize| {
+            extent.is_multiple_of(4)
+                && self.offset.is_multiple_of(4)
+                && (other_stride.is_multiple_of(4) || other_extent <= 1)
+        };
+        let whole = if self.cols == 1 {
+            fits(cols, self.rows, rows)
+        } else {
+            self.rows == 1 && fits(rows, self.cols, cols)
+        };
+        if max >= 4 && whole {
+            4
+        } else {
+            1
+        }
+    }
+
     fn at(&self) -> StridedLaunch<R> {
         StridedLaunch::new(self.offset, self.rows, self.cols)
     }
@@ -76,14 +172,40 @@ fn launch<R: CubeRuntime>(
     bias: Option<CubeTensor<R>>,
     sums: Option<&CubeTensor<R>>,
 ) {
+    let client = c.tensor.client.clone();
+    // Which way each operand's elements are adjacent decides how units share out its loads
+    // (every operand is a contiguous tensor, read straight or transposed).
+    let (a_along_k, b_along_n) = (a.cols == 1, b.cols == 1);
+    debug_assert!(
+        a_along_k || a.rows == 1,
+        "A is adjacent along neither dimension"
+    );
+    debug_assert!(
+        b_along_n || b.rows == 1,
+        "B is adjacent along neither dimension"
+    );
+    let max_vector = client.properties().hardware.max_vector_size;
+    let (na, nb) = (
+        a.vector_size(m, k, max_vector),
+        b.vector_size(k, n, max_vector),
+    );
+    // C (and the bias, contiguous along N like C's rows) in vectors when C's rows allow.
+    let nc = if c.cols == 1 {
+        c.vector_size(m, n, max_vector)
+    } else {
+        1
+    };
+    let tiling = tiling(&client, (na, nb, nc));
+    debug_assert!(tiling.is_valid(), "{tiling:?}");
     // With no rows of C the column sums still need the first block row of cubes.
-    let block_rows = m.div_ceil(UNITS * TM).max(usize::from(sums.is_some()));
+    let block_rows = m
+        .div_ceil(tiling.block_m())
+        .max(usize::from(sums.is_some()));
     if n == 0 || block_rows == 0 {
         return;
     }
-    let client = c.tensor.client.clone();
-    let cube_count = CubeCount::Static(n.div_ceil(UNITS * TN) as u32, block_rows as u32, 1);
-    let cube_dim = CubeDim::new_2d(UNITS as u32, UNITS as u32);
+    let cube_count = CubeCount::Static(n.div_ceil(tiling.block_n()) as u32, block_rows as u32, 1);
+    let cube_dim = CubeDim::new_2d(tiling.units_n as u32, tiling.units_m as u32);
     let with_bias = bias.is_some();
     let col_sums = sums.is_some();
     // Unused tensor slots are bound to an operand the kernel never reads (comptime-off).
@@ -98,6 +220,9 @@ fn launch<R: CubeRuntime>(
             &client,
             cube_count,
             cube_dim,
+            na,
+            nb,
+            nc,
             a.tensor.clone().into_tensor_arg(),
             b.tensor.clone().into_tensor_arg(),
             c.tensor.clone().into_tensor_arg(),
@@ -109,10 +234,9 @@ fn launch<R: CubeRuntime>(
             m,
             n,
             k,
-            UNITS,
-            DEPTH,
-            TM,
-            TN,
+            tiling,
+            a_along_k,
+            b_along_n,
             accumulate,
             with_bias,
             col_sums,
