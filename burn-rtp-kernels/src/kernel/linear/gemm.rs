@@ -265,13 +265,13 @@ pub(crate) fn gemm_window<F: Float, NA: Size, NB: Size, NC: Size>(
     // Vectors per unit along M and N, and per block.
     let vm = comptime!(tiling.tm / 4);
     let vn = comptime!(tiling.tn / 4);
-    let gm = comptime!(tiling.units_m * tiling.tm / 4);
-    let gn = comptime!(tiling.units_n * tiling.tn / 4);
+    let gm = comptime!(tiling.block_m() / 4);
+    let gn = comptime!(tiling.block_n() / 4);
     let tx = UNIT_POS_X as usize;
     let ty = UNIT_POS_Y as usize;
     let unit = ty * units_n + tx;
-    let row0 = CUBE_POS_Y as usize * comptime!(tiling.units_m * tiling.tm);
-    let col0 = CUBE_POS_X as usize * comptime!(tiling.units_n * tiling.tn);
+    let row0 = CUBE_POS_Y as usize * comptime!(tiling.block_m());
+    let col0 = CUBE_POS_X as usize * comptime!(tiling.block_n());
     let summing = col_sums && CUBE_POS_Y == 0 && ty == 0;
 
     let mut tile_a = SharedMemory::<Quad<F>>::new(comptime!(depth * gm));

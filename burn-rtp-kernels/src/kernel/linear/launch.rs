@@ -128,6 +128,13 @@ impl<R: CubeRuntime> Operand<R> {
         }
     }
 
+    /// Whether the matrix's elements are adjacent along its columns (unit stride between
+    /// columns); else along its rows. Every operand is a contiguous tensor read straight or
+    /// transposed, so one of the two holds.
+    fn along_cols(&self) -> bool {
+        self.cols == 1
+    }
+
     /// The vector size the kernel may load this `rows × cols` matrix with: 4 when its
     /// elements are adjacent along one dimension and that extent, the offset and the other
     /// stride are all multiples of 4, so that every vector of 4 lies wholly inside or outside
@@ -138,7 +145,7 @@ impl<R: CubeRuntime> Operand<R> {
                 && self.offset.is_multiple_of(4)
                 && (other_stride.is_multiple_of(4) || other_extent <= 1)
         };
-        let whole = if self.cols == 1 {
+        let whole = if self.along_cols() {
             fits(cols, self.rows, rows)
         } else {
             self.rows == 1 && fits(rows, self.cols, cols)
@@ -175,7 +182,7 @@ fn launch<R: CubeRuntime>(
     let client = c.tensor.client.clone();
     // Which way each operand's elements are adjacent decides how units share out its loads
     // (every operand is a contiguous tensor, read straight or transposed).
-    let (a_along_k, b_along_n) = (a.cols == 1, b.cols == 1);
+    let (a_along_k, b_along_n) = (a.along_cols(), b.along_cols());
     debug_assert!(
         a_along_k || a.rows == 1,
         "A is adjacent along neither dimension"
@@ -190,7 +197,7 @@ fn launch<R: CubeRuntime>(
         b.vector_size(k, n, max_vector),
     );
     // C (and the bias, contiguous along N like C's rows) in vectors when C's rows allow.
-    let nc = if c.cols == 1 {
+    let nc = if c.along_cols() {
         c.vector_size(m, n, max_vector)
     } else {
         1
