@@ -12,8 +12,9 @@ pub enum IntervalKind {
     Compute,
     /// A shard or travelling gradient in transit: from posting the receive to its arrival.
     Transfer,
-    /// Received bytes really moving, by the transport's own clock (MPI: from the moment the
-    /// message was matched to the moment it landed). Posting a receive is not a transfer.
+    /// Received bytes really moving, by the transport's own clock (MPI: from the start of the
+    /// matched receive, which copies them, to the moment it completed). Posting a receive is
+    /// not a transfer.
     Wire,
 }
 

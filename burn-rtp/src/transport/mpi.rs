@@ -214,7 +214,7 @@ struct Active<T> {
     /// Taken when a peer's failure was reported to the waiting rank before MPI completed
     /// the request (the buffer stays lent until MPI does).
     done: Option<Reply<T>>,
-    /// When its bytes started to move: the send was started, or the receive was matched.
+    /// When its bytes started to move: the send was started, or the matched receive was.
     since: Instant,
 }
 
@@ -313,6 +313,10 @@ impl Engine {
                 let len = status.count(u8::equivalent_datatype()) as usize;
                 let size = envelope.as_ref().map_or(1, |e| e.dtype.size());
                 let mut buffer = Lent::receive(Elems::zeroed(size, len), len);
+                // The bytes move from here on: over a single-copy transport (Open MPI's vader
+                // with CMA) this call itself copies them from the sender's memory, so the wire
+                // interval starts before it, not after.
+                let matched = Instant::now();
                 // SAFETY: the one view of this buffer, lent to this request only.
                 let request = message
                     .immediate_matched_receive_into(StaticScope, unsafe { buffer.view_mut() });
@@ -322,7 +326,7 @@ impl Engine {
                     buffer,
                     arrival: Some((envelope, len)),
                     done: Some(done),
-                    since: Instant::now(),
+                    since: matched,
                 });
                 moved = true;
             }
