@@ -116,8 +116,9 @@ struct TrainArgs {
     /// Inner backend (wgpu and cuda need the cargo features of the same names).
     #[arg(long, value_enum, default_value = "ndarray")]
     backend: BackendName,
-    /// fused | generic: on wgpu and cuda, the fused `#[cube]` rotation kernels or the
-    /// compositions of Burn ops they replace (to compare them; NdArray always composes).
+    /// fused | generic: the rotation steps on our own kernels (the fused `#[cube]` kernels on
+    /// wgpu and cuda, GEMMs on strided views on NdArray) or the compositions of Burn ops
+    /// they replace (to compare them).
     #[arg(long, default_value = "fused", value_parser = ["fused", "generic"])]
     kernels: String,
     /// Training steps.

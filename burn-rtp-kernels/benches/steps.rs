@@ -2,7 +2,8 @@
 //!
 //! * On NdArray, one rotated Linear's forward and backward at N = 4: the concatenating
 //!   composition burn-rtp used before (every shard's block kept, then `cat`) against the
-//!   preallocated one (each shard's columns written into one output).
+//!   preallocated one (each shard's columns written into one output), both composed of Burn
+//!   ops; then each step, NdArray's native GEMM on strided views against the composition.
 //! * With `--features wgpu` (or `cuda`), each step on that backend: the fused `#[cube]` kernel against the
 //!   composition of Burn ops it replaces (Burn's matmul, then slice-assign, add or a second
 //!   pass for the bias). CI runs this on Mesa's lavapipe, a CPU rasteriser: its timings say
@@ -336,7 +337,8 @@ fn steps_on<B: RotationKernels>(c: &mut Criterion, label: &str, device: &B::Devi
 }
 
 /// NdArray: one rotated Linear's forward and backward at N = 4, the concatenating
-/// composition against the preallocated one.
+/// composition against the preallocated one (both composed of Burn ops, as before the native
+/// steps; those are measured step by step in [`steps_on`]).
 fn linear_on_ndarray(c: &mut Criterion) -> Vec<String> {
     type B = NdArray;
     let device = Default::default();
@@ -349,10 +351,18 @@ fn linear_on_ndarray(c: &mut Criterion) -> Vec<String> {
             let mut grads = Vec::new();
             for (j, w_j) in i.shards.iter().enumerate() {
                 let win = Window::new(j * w, w);
-                dx = Some(x_grad_step::<B>(dx, w_j.clone(), i.dy.clone(), win).expect("fits"));
-                grads.push(
-                    weight_grad_step::<B>(i.x.clone(), i.dy.clone(), win, true).expect("fits"),
-                );
+                dx = Some(linear::generic::x_grad::<B>(
+                    dx,
+                    w_j.clone(),
+                    i.dy.clone(),
+                    win,
+                ));
+                grads.push(linear::generic::weight_grad::<B>(
+                    i.x.clone(),
+                    i.dy.clone(),
+                    win,
+                    true,
+                ));
             }
             (dx, grads)
         };
@@ -368,8 +378,14 @@ fn linear_on_ndarray(c: &mut Criterion) -> Vec<String> {
         let preallocated = || {
             let mut y = output_for_columns::<B>(&i.x, d.d_out);
             for (j, (w_j, b_j)) in i.shards.iter().zip(&i.biases).enumerate() {
-                y = forward_step::<B>(y, i.x.clone(), w_j.clone(), Some(b_j.clone()), j * w)
-                    .expect("fits");
+                let win = Window::new(j * w, w);
+                y = linear::generic::forward::<B>(
+                    y,
+                    i.x.clone(),
+                    w_j.clone(),
+                    Some(b_j.clone()),
+                    win,
+                );
             }
             (y, backward(&i))
         };
@@ -401,11 +417,16 @@ fn linear_on_ndarray(c: &mut Criterion) -> Vec<String> {
 
 fn main() {
     let mut c = criterion();
-    let rows = if std::env::var("RTP_BENCH_ONLY").is_ok() {
+    let mut rows = if std::env::var("RTP_BENCH_ONLY").is_ok() {
         Vec::new()
     } else {
         linear_on_ndarray(&mut c)
     };
+    rows.extend(steps_on::<NdArray>(
+        &mut c,
+        "ndarray (native)",
+        &Default::default(),
+    ));
     #[cfg(feature = "wgpu")]
     let rows = {
         use burn::backend::wgpu::{Wgpu, WgpuDevice};
@@ -422,8 +443,6 @@ fn main() {
         rows.extend(steps_on::<Cuda>(&mut c, "cuda", &device));
         rows
     };
-    #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
-    let _ = steps_on::<NdArray>;
     c.final_summary();
     println!();
     println!("Rotation steps, side by side (median of alternating rounds; ms per call):");

@@ -6,6 +6,7 @@
 //! override them with the fused `#[cube]` kernels.
 
 use crate::kernel::columns::Window;
+use crate::kernel::linear::ndarray_gemm;
 use crate::kernel::{embedding, linear};
 use crate::{Float, Int};
 use burn::tensor::backend::Backend;
@@ -18,6 +19,23 @@ pub enum KernelPath {
     Generic,
     /// The fused `#[cube]` kernels of this crate.
     Fused,
+    /// NdArray: its own GEMM (matrixmultiply) on strided views of the windows, written in
+    /// place, with no copy of any operand.
+    Native,
+}
+
+impl KernelPath {
+    /// Whether a Linear forward step writes into the output's window directly, with no
+    /// temporary block (what the ledger charges during the step).
+    pub fn linear_in_place(self) -> bool {
+        self != KernelPath::Generic
+    }
+
+    /// Whether an embedding forward step does: only the fused kernels (NdArray's native
+    /// steps are the Linear's).
+    pub fn embedding_in_place(self) -> bool {
+        self == KernelPath::Fused
+    }
 }
 
 impl std::fmt::Display for KernelPath {
@@ -25,6 +43,7 @@ impl std::fmt::Display for KernelPath {
         f.write_str(match self {
             KernelPath::Generic => "generic",
             KernelPath::Fused => "fused",
+            KernelPath::Native => "native",
         })
     }
 }
@@ -32,25 +51,26 @@ impl std::fmt::Display for KernelPath {
 static FUSED_LAUNCHES: AtomicU64 = AtomicU64::new(0);
 static FUSED_OFF: AtomicBool = AtomicBool::new(false);
 
-/// Turns the fused kernels off (or back on) for the whole process: cube backends then run
-/// the generic compositions too. It exists to measure one against the other in one run (the
-/// trainer's `--kernels generic`); results agree either way to rounding.
+/// Turns the fused kernels (and NdArray's native steps) off, or back on, for the whole
+/// process: every backend then runs the generic compositions. It exists to measure one
+/// against the other in one run (the trainer's `--kernels generic`); results agree either
+/// way to rounding.
 pub fn set_fused_kernels(on: bool) {
     FUSED_OFF.store(!on, Ordering::Relaxed);
 }
 
-/// Whether cube backends run the fused kernels (the default).
+/// Whether cube backends run the fused kernels and NdArray its native steps (the default).
 pub fn fused_kernels_enabled() -> bool {
     !FUSED_OFF.load(Ordering::Relaxed)
 }
 
-/// Fused kernels launched by this process so far: tests read it to prove which path ran.
+/// Steps this process has run on its own kernels so far (fused `#[cube]` launches and
+/// NdArray's native steps): tests read it to prove which path ran.
 pub fn fused_launches() -> u64 {
     FUSED_LAUNCHES.load(Ordering::Relaxed)
 }
 
-/// Counts one fused launch.
-#[cfg_attr(not(feature = "cube"), allow(dead_code))]
+/// Counts one step run on this crate's own kernels.
 pub(crate) fn count_fused_launch() {
     FUSED_LAUNCHES.fetch_add(1, Ordering::Relaxed);
 }
@@ -118,7 +138,10 @@ pub trait RotationKernels: Backend {
     }
 }
 
-/// NdArray has no kernels of ours: the generic compositions.
+/// NdArray runs the Linear steps as matrixmultiply GEMMs on strided views
+/// (`kernel/linear/ndarray_gemm.rs`), and the generic composition for what they cannot take
+/// (element types other than f32 and f64, operands not in row-major order) and for the
+/// embedding.
 impl<E, I, Q> RotationKernels for burn::backend::NdArray<E, I, Q>
 where
     E: burn::backend::ndarray::FloatNdArrayElement,
@@ -127,6 +150,74 @@ where
     burn::backend::ndarray::NdArrayTensor: From<burn::backend::ndarray::SharedArray<E>>,
     burn::backend::ndarray::NdArrayTensor: From<burn::backend::ndarray::SharedArray<I>>,
 {
+    fn kernel_path() -> KernelPath {
+        if fused_kernels_enabled() {
+            KernelPath::Native
+        } else {
+            KernelPath::Generic
+        }
+    }
+
+    fn linear_step(
+        y: Float<Self>,
+        x: Float<Self>,
+        w_j: Float<Self>,
+        b_j: Option<Float<Self>>,
+        window: Window,
+    ) -> Float<Self> {
+        let y = match fused_kernels_enabled() {
+            true => match ndarray_gemm::forward(y, &x, &w_j, b_j.as_ref(), window) {
+                Ok(y) => {
+                    count_fused_launch();
+                    return y;
+                }
+                Err(y) => y,
+            },
+            false => y,
+        };
+        linear::generic::forward::<Self>(y, x, w_j, b_j, window)
+    }
+
+    fn x_grad_step(
+        acc: Option<Float<Self>>,
+        w_j: Float<Self>,
+        dy: Float<Self>,
+        window: Window,
+    ) -> Float<Self> {
+        let acc = match fused_kernels_enabled() {
+            true => match ndarray_gemm::x_grad(acc, &w_j, &dy, window) {
+                Ok(sum) => {
+                    count_fused_launch();
+                    return sum;
+                }
+                Err(acc) => acc,
+            },
+            false => acc,
+        };
+        linear::generic::x_grad::<Self>(acc, w_j, dy, window)
+    }
+
+    fn weight_grad_step(
+        x: Float<Self>,
+        dy: Float<Self>,
+        window: Window,
+        with_bias: bool,
+    ) -> (Float<Self>, Option<Float<Self>>) {
+        if fused_kernels_enabled() {
+            if let Some(dw) = ndarray_gemm::weight_grad(&x, &dy, window) {
+                count_fused_launch();
+                // Burn's own sum over the window read in place: the composition's bits.
+                let db = with_bias.then(|| {
+                    let dy_j = ndarray_gemm::column_view(dy, window).unwrap_or_else(|dy| {
+                        crate::column_slice::<Self>(dy, window.start, window.len)
+                    });
+                    <Self as burn::tensor::ops::ModuleOps<Self>>::linear_bias_backward(dy_j)
+                });
+                return (dw, db);
+            }
+        }
+        linear::generic::weight_grad::<Self>(x, dy, window, with_bias)
+    }
 }
 
 /// Burn's fusion backend records ops lazily; its steps stay compositions of its own ops,

@@ -3,8 +3,9 @@
 //! concatenation.
 //!
 //! Each kernel lives in its own folder under [`kernel`], with its `#[cube]` code and launch
-//! beside the generic composition of Burn ops that non-cube backends (NdArray) run. Which of
-//! the two a backend runs is [`RotationKernels`], in [`dispatch`].
+//! beside the generic composition of Burn ops that other backends run; the Linear's folder
+//! also holds NdArray's native steps (its GEMM on strided views). Which one a backend runs is
+//! [`RotationKernels`], in [`dispatch`].
 #![warn(missing_docs)]
 
 pub mod dispatch;

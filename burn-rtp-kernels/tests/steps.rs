@@ -1,5 +1,6 @@
 //! Every rotation step against a plain CPU reference (f64 loops over `Vec`s), on NdArray
-//! (the generic compositions) and, with `--features wgpu` or `--features cuda`, on that cube
+//! (its native GEMMs on strided views for the Linear, the generic compositions for the
+//! embedding; the native steps are also checked bit for bit against the compositions) and, with `--features wgpu` or `--features cuda`, on that cube
 //! backend (the fused `#[cube]` kernels; wgpu runs on Mesa's lavapipe in CI). Shapes are
 //! multiples of no tile size: 1 × 1, a window at the right edge, w = 1, d = 1000,
 //! three-dimensional inputs.
@@ -84,12 +85,13 @@ fn assert_close(what: &str, got: &[f32], want: &[f64], scale: &[f64]) {
     }
 }
 
-/// Fused launches made while `f` ran, asserted to be some on cube backends.
-fn fused<B: RotationKernels, T>(what: &str, f: impl FnOnce() -> T) -> T {
+/// Runs `f`, asserting that it ran on this crate's own kernels (the launch counter moved)
+/// when `own` says the backend has them for this step.
+fn fused<T>(what: &str, own: bool, f: impl FnOnce() -> T) -> T {
     let before = fused_launches();
     let out = f();
-    if B::kernel_path() == KernelPath::Fused {
-        assert!(fused_launches() > before, "{what}: no fused kernel ran");
+    if own {
+        assert!(fused_launches() > before, "{what}: no kernel of ours ran");
     }
     out
 }
@@ -113,7 +115,7 @@ fn forward_case<B: RotationKernels>(
         "forward {lead:?}x{d_in} · {d_in}x{w} into {start}..{} of {cols}",
         start + w
     );
-    let got = fused::<B, _>(&what, || {
+    let got = fused(&what, B::kernel_path().linear_in_place(), || {
         forward_step::<B>(
             float::<B>(&y0, &ys, device),
             float::<B>(&x, &xs, device),
@@ -159,7 +161,7 @@ fn x_grad_case<B: RotationKernels>(
         "x grad {rows}x{cols}[{start}..{}] · ({d_in}x{w})ᵀ, acc {acc}",
         start + w
     );
-    let got = fused::<B, _>(&what, || {
+    let got = fused(&what, B::kernel_path().linear_in_place(), || {
         x_grad_step::<B>(
             acc.then(|| float::<B>(&a, &[rows, d_in], device)),
             float::<B>(&wt, &[d_in, w], device),
@@ -203,7 +205,7 @@ fn weight_grad_case<B: RotationKernels>(
         "weight grad ({lead:?}x{d_in})ᵀ · dy[{start}..{}] of {cols}, bias {bias}",
         start + w
     );
-    let (g, db) = fused::<B, _>(&what, || {
+    let (g, db) = fused(&what, B::kernel_path().linear_in_place(), || {
         weight_grad_step::<B>(
             float::<B>(&x, &xs, device),
             float::<B>(&dy, &ds, device),
@@ -259,7 +261,7 @@ fn embedding_case<B: RotationKernels>(
         "embedding {tokens:?} of {n}x{w} into {start}..{} of {cols}",
         start + w
     );
-    let got = fused::<B, _>(&what, || {
+    let got = fused(&what, B::kernel_path().embedding_in_place(), || {
         embedding_step::<B>(
             float::<B>(&y0, &ys, device),
             float::<B>(&table, &[n, w], device),
@@ -276,15 +278,19 @@ fn embedding_case<B: RotationKernels>(
     }
     assert_close(&what, &flat::<B>(got), &want, &vec![0.0; want.len()]);
 
-    let g = fused::<B, _>(&format!("{what} (grad)"), || {
-        embedding_grad_step::<B>(
-            n,
-            float::<B>(&dy, &ys, device),
-            ints::<B>(&idx, tokens, device),
-            Window::new(start, w),
-        )
-        .expect("fits")
-    });
+    let g = fused(
+        &format!("{what} (grad)"),
+        B::kernel_path().embedding_in_place(),
+        || {
+            embedding_grad_step::<B>(
+                n,
+                float::<B>(&dy, &ys, device),
+                ints::<B>(&idx, tokens, device),
+                Window::new(start, w),
+            )
+            .expect("fits")
+        },
+    );
     let mut want = vec![0.0; n * w];
     let mut scale = vec![0.0; n * w];
     for r in 0..rows {
@@ -389,12 +395,69 @@ fn refusals<B: RotationKernels>(device: &B::Device) {
 }
 
 #[test]
-fn generic_steps_match_the_reference_on_ndarray() {
+fn native_steps_match_the_reference_on_ndarray() {
     assert_eq!(
         <NdArray as RotationKernels>::kernel_path(),
-        KernelPath::Generic
+        KernelPath::Native
     );
     all_cases::<NdArray>(&Default::default());
+}
+
+/// NdArray's native steps give the generic compositions' bits: the forward always, the
+/// gradients while the summed dimension fits in one of matrixmultiply's K blocks (256 for
+/// f32), which every case here does. Windows start inside the output, operands are 2- and
+/// 3-dimensional, biases on and off.
+#[test]
+fn native_steps_equal_the_compositions_bit_for_bit_on_ndarray() {
+    use burn_rtp_kernels::kernel::linear::generic;
+    type B = NdArray;
+    let device = Default::default();
+    let bits = |t: Float<B>| flat::<B>(t).iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    let t = |v: &[f32], shape: &[usize]| float::<B>(v, shape, &device);
+    for (lead, d_in, w, cols, start) in [
+        (vec![5usize], 7usize, 3usize, 10usize, 7usize),
+        (vec![4, 9], 33, 70, 200, 101),
+        (vec![2, 64], 256, 64, 256, 128),
+        (vec![3, 20], 300, 250, 600, 1),
+    ] {
+        let rows: usize = lead.iter().product();
+        let xs: Vec<usize> = lead.iter().copied().chain([d_in]).collect();
+        let ys: Vec<usize> = lead.iter().copied().chain([cols]).collect();
+        let (x, wt, b) = (values(rows * d_in, 21), values(d_in * w, 22), values(w, 23));
+        let (y0, dy, acc) = (
+            values(rows * cols, 24),
+            values(rows * cols, 25),
+            values(rows * d_in, 26),
+        );
+        let win = Window::new(start, w);
+        let what = format!("{lead:?} x {d_in} -> {w} at {start} of {cols}");
+        for bias in [false, true] {
+            let b_j = || bias.then(|| t(&b, &[w]));
+            let native =
+                forward_step::<B>(t(&y0, &ys), t(&x, &xs), t(&wt, &[d_in, w]), b_j(), start);
+            let composed =
+                generic::forward::<B>(t(&y0, &ys), t(&x, &xs), t(&wt, &[d_in, w]), b_j(), win);
+            assert_eq!(
+                bits(native.expect("fits")),
+                bits(composed),
+                "forward {what}, bias {bias}"
+            );
+            let (dw, db) = weight_grad_step::<B>(t(&x, &xs), t(&dy, &ys), win, bias).expect("fits");
+            let (dw0, db0) = generic::weight_grad::<B>(t(&x, &xs), t(&dy, &ys), win, bias);
+            assert_eq!(bits(dw), bits(dw0), "weight grad {what}");
+            assert_eq!(db.map(bits), db0.map(bits), "bias grad {what}");
+        }
+        for with_acc in [false, true] {
+            let a = || with_acc.then(|| t(&acc, &xs));
+            let native = x_grad_step::<B>(a(), t(&wt, &[d_in, w]), t(&dy, &ys), win).expect("fits");
+            let composed = generic::x_grad::<B>(a(), t(&wt, &[d_in, w]), t(&dy, &ys), win);
+            assert_eq!(
+                bits(native),
+                bits(composed),
+                "x grad {what}, acc {with_acc}"
+            );
+        }
+    }
 }
 
 /// The per-sample sum holds one product at a time, yet gives Burn's own `linear_weight_backward`

@@ -115,7 +115,12 @@ fn linear_forward_writes_each_column_block_into_one_output() {
         let y = B::linear(x, w, None);
         assert_eq!(y.inner_shape(), vec![ROWS, D_OUT]);
     });
-    let block = bytes(&[ROWS, D_OUT / WORLD]);
+    // The generic composition computes each block apart and then writes it (the ledger
+    // charges the block meanwhile); NdArray's native step writes the window in place.
+    let block = match <NdArray as burn_rtp::RotationKernels>::kernel_path().linear_in_place() {
+        true => 0,
+        false => bytes(&[ROWS, D_OUT / WORLD]),
+    };
     check(
         &peaks,
         bytes(&[ROWS, D_IN]) + bytes(&[ROWS, D_OUT]) + block,

@@ -38,7 +38,7 @@ pub(super) fn forward<B: RotationKernels>(
                 vec![weights.inner.clone()],
                 |j| vec![vec![rows, spec.range(j).len]],
                 y,
-                B::kernel_path() == kernels::KernelPath::Generic,
+                !B::kernel_path().embedding_in_place(),
                 |y, j, shard| {
                     let start = spec.range(j).start;
                     kernels::embedding_step::<B>(y, shard[0].clone(), indices.clone(), start)

@@ -198,7 +198,7 @@ fn rotated_forward<B: RotationKernels>(
             shapes
         },
         y,
-        B::kernel_path() == kernels::KernelPath::Generic,
+        !B::kernel_path().linear_in_place(),
         |y, j, shard| {
             let start = spec.range(j).start;
             kernels::forward_step::<B>(y, x.get(), shard[0].clone(), shard.get(1).cloned(), start)

@@ -3,13 +3,15 @@
 //! `win` of Y or dY where it lies.
 //!
 //! The entry points check shapes and windows, then run the backend's implementation
-//! ([`RotationKernels`]): the tiled `#[cube]` GEMM of `gemm.rs` on cube backends, or the
-//! compositions of Burn ops below on any other backend.
+//! ([`RotationKernels`]): the tiled `#[cube]` GEMM of `gemm.rs` on cube backends,
+//! matrixmultiply's GEMM on strided views on NdArray (`ndarray_gemm.rs`), or the compositions
+//! of Burn ops below on any other backend.
 
 #[cfg(feature = "cube")]
 pub(crate) mod gemm;
 #[cfg(feature = "cube")]
 pub(crate) mod launch;
+pub(crate) mod ndarray_gemm;
 
 use crate::dispatch::RotationKernels;
 use crate::kernel::columns::{column_slice, write_columns, ColumnError, Window};
