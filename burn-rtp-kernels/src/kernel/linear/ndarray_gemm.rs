@@ -228,7 +228,7 @@ fn weight_grad_in<E: Elem>(
 }
 
 /// Columns `window` of `t` as a strided view that shares `t`'s elements (no copy), for Burn's
-/// own ops to read; `None` for element types other than f32 and f64.
+/// own ops to read; `Err(t)` for element types other than f32 and f64.
 pub(crate) fn column_view(
     t: NdArrayTensor,
     window: Window,
