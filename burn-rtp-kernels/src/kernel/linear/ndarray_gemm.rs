@@ -233,11 +233,7 @@ pub(crate) fn column_view(
     t: NdArrayTensor,
     window: Window,
 ) -> Result<NdArrayTensor, NdArrayTensor> {
-    match t {
-        NdArrayTensor::F32(_) => column_view_in::<f32>(t, window),
-        NdArrayTensor::F64(_) => column_view_in::<f64>(t, window),
-        t => Err(t),
-    }
+    by_elem!(t, column_view_in(t, window), Err(t))
 }
 
 fn column_view_in<E: Elem>(
