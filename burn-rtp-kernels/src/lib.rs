@@ -25,4 +25,7 @@ pub use kernel::columns::{
 pub use kernel::embedding::{accumulate_embedding_grad, embedding_grad_step, embedding_step};
 #[cfg(feature = "cube")]
 pub use kernel::linear::launch::{set_gemm_tiling, GemmTiling};
-pub use kernel::linear::{forward_step, weight_grad_step, weight_grad_summed, x_grad_step};
+pub use kernel::linear::{
+    forward_step, forward_whole, weight_grad_step, weight_grad_summed, weight_grad_whole,
+    x_grad_step, x_grad_whole,
+};

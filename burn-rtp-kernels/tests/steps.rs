@@ -487,6 +487,54 @@ fn summed_weight_gradient_equals_burns_bit_for_bit_on_ndarray() {
     }
 }
 
+/// DDP's and FSDP's Linear on NdArray (the native GEMM, one window over every column) gives
+/// Burn's own ops bit for bit, past one K block too where nothing accumulates: the strategies
+/// RTP is measured against change speed, not results.
+#[test]
+fn whole_weight_linear_equals_burns_bit_for_bit_on_ndarray() {
+    use burn::tensor::ops::ModuleOps;
+    use burn_rtp_kernels::{forward_whole, weight_grad_whole, x_grad_whole};
+    type B = NdArray;
+    let device = Default::default();
+    let bits = |t: Float<B>| flat::<B>(t).iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    let t = |v: &[f32], shape: &[usize]| float::<B>(v, shape, &device);
+    for (lead, d_in, d_out) in [
+        (vec![5usize], 7usize, 3usize),
+        (vec![4, 9], 33, 70),
+        (vec![3, 20], 300, 270),
+        (vec![2, 64], 256, 600),
+    ] {
+        let rows: usize = lead.iter().product();
+        let xs: Vec<usize> = lead.iter().copied().chain([d_in]).collect();
+        let ys: Vec<usize> = lead.iter().copied().chain([d_out]).collect();
+        let (x, w, b) = (
+            values(rows * d_in, 31),
+            values(d_in * d_out, 32),
+            values(d_out, 33),
+        );
+        let dy = values(rows * d_out, 34);
+        let what = format!("{lead:?} x {d_in} -> {d_out}");
+        for bias in [false, true] {
+            let b_ = || bias.then(|| t(&b, &[d_out]));
+            let ours = fused(&what, true, || {
+                forward_whole::<B>(t(&x, &xs), t(&w, &[d_in, d_out]), b_())
+            });
+            let burns = B::linear(t(&x, &xs), t(&w, &[d_in, d_out]), b_());
+            assert_eq!(bits(ours), bits(burns), "forward {what}, bias {bias}");
+        }
+        let ours = fused(&what, true, || {
+            x_grad_whole::<B>(t(&w, &[d_in, d_out]), t(&dy, &ys))
+        });
+        let burns = B::linear_x_backward(t(&w, &[d_in, d_out]), t(&dy, &ys));
+        assert_eq!(bits(ours), bits(burns), "x grad {what}");
+        let ours = fused(&what, true, || {
+            weight_grad_whole::<B>(t(&x, &xs), t(&dy, &ys))
+        });
+        let burns = B::linear_weight_backward(t(&x, &xs), t(&dy, &ys));
+        assert_eq!(bits(ours), bits(burns), "weight grad {what}");
+    }
+}
+
 #[test]
 fn refusals_on_ndarray() {
     refusals::<NdArray>(&Default::default());

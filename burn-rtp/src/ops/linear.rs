@@ -152,13 +152,15 @@ pub(super) fn forward<B: RotationKernels>(
         WeightUse::Whole => {
             let (x, w) = (full_inner(x, op), full_inner(weight, op));
             let b = bias.map(|b| full_inner(b, op));
-            local(&ctx, B::linear(x.get(), w.get(), b.as_ref().map(Held::get)))
+            let b = b.as_ref().map(Held::get);
+            local(&ctx, kernels::forward_whole::<B>(x.get(), w.get(), b))
         }
         WeightUse::Gathered(_) => {
             let x = full_inner(x, op);
             let w = gather_unit(weight, "linear.gather");
             let b = bias.map(|b| gather_unit(b, "linear.gather_bias"));
-            local(&ctx, B::linear(x.get(), w.get(), b.as_ref().map(Held::get)))
+            let b = b.as_ref().map(Held::get);
+            local(&ctx, kernels::forward_whole::<B>(x.get(), w.get(), b))
         }
         WeightUse::Rotated(spec) => rotated_forward(&ctx, full_inner(x, op), weight, bias, spec),
     }
@@ -223,12 +225,12 @@ pub(super) fn x_backward<B: RotationKernels>(
     match WeightUse::of(&weight) {
         WeightUse::Whole => {
             let (w, dy) = (full_inner(weight, op), full_inner(dy, op));
-            local(&ctx, B::linear_x_backward(w.get(), dy.get()))
+            local(&ctx, kernels::x_grad_whole::<B>(w.get(), dy.get()))
         }
         WeightUse::Gathered(_) => {
             let dy = full_inner(dy, op);
             let w = gather_unit(weight, "linear.gather_backward");
-            local(&ctx, B::linear_x_backward(w.get(), dy.get()))
+            local(&ctx, kernels::x_grad_whole::<B>(w.get(), dy.get()))
         }
         WeightUse::Rotated(spec) => {
             let guess = ctx.pairing.lock().unwrap().guess_x(&weight, &dy);
@@ -276,11 +278,9 @@ pub(super) fn weight_backward<B: RotationKernels>(
     };
     let mut deferred = Deferred::new(x_id, dy_id, bias_layout);
     let dw = match WeightUse::of_layout(&weight_layout, &ctx) {
-        WeightUse::Whole => {
-            return local(&ctx, kernels::weight_grad_summed::<B>(x.get(), dy.get()))
-        }
+        WeightUse::Whole => return local(&ctx, kernels::weight_grad_whole::<B>(x.get(), dy.get())),
         WeightUse::Gathered(spec) => {
-            let full = kernels::weight_grad_summed::<B>(x.get(), dy.get());
+            let full = kernels::weight_grad_whole::<B>(x.get(), dy.get());
             reduce_scatter_full(&ctx, "linear.reduce_scatter_weight", spec, full)
         }
         WeightUse::Rotated(spec) => {

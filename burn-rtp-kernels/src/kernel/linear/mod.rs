@@ -13,8 +13,10 @@ pub(crate) mod gemm;
 pub(crate) mod launch;
 pub(crate) mod ndarray_gemm;
 
-use crate::dispatch::RotationKernels;
-use crate::kernel::columns::{column_slice, write_columns, ColumnError, Window};
+use crate::dispatch::{KernelPath, RotationKernels};
+use crate::kernel::columns::{
+    column_slice, output_for_columns, write_columns, ColumnError, Window,
+};
 use crate::Float;
 use burn::tensor::backend::Backend;
 use burn::tensor::{FloatDType, Shape, Slice, TensorMetadata};
@@ -104,6 +106,53 @@ pub fn weight_grad_step<B: RotationKernels>(
     }
     let window = window.check(&ds)?;
     Ok(B::weight_grad_step(x, dy, window, with_bias))
+}
+
+/// `X · W (+ b)` against a whole weight `[d_in, d_out]`: data parallelism's Linear, and
+/// FSDP's once it has gathered the weight.
+///
+/// On NdArray's native path this is [`forward_step`] with one window over every column, so
+/// the strategies RTP is measured against run the same GEMM without burn-ndarray's copies of
+/// both operands; an output element is the same dot product as in Burn's `linear`, so the
+/// bits are Burn's. Every other path runs Burn's own `linear`: with no window to read, the
+/// fused kernels have nothing to save over Burn's matmul.
+pub fn forward_whole<B: RotationKernels>(
+    x: Float<B>,
+    w: Float<B>,
+    b: Option<Float<B>>,
+) -> Float<B> {
+    if B::kernel_path() == KernelPath::Native {
+        let y = output_for_columns::<B>(&x, last(&shape::<B>(&w)));
+        if let Ok(y) = forward_step::<B>(y, x.clone(), w.clone(), b.clone(), 0) {
+            return y;
+        }
+    }
+    B::linear(x, w, b)
+}
+
+/// `dY · Wᵀ` against a whole weight, as [`forward_whole`] picks its path. With no accumulator
+/// the native GEMM writes each element once, so its bits are Burn's `linear_x_backward`.
+pub fn x_grad_whole<B: RotationKernels>(w: Float<B>, dy: Float<B>) -> Float<B> {
+    if B::kernel_path() == KernelPath::Native {
+        let all = Window::all(last(&shape::<B>(&w)));
+        if let Ok(dx) = x_grad_step::<B>(None, w.clone(), dy.clone(), all) {
+            return dx;
+        }
+    }
+    B::linear_x_backward(w, dy)
+}
+
+/// `Xᵀ · dY` against a whole weight, summed over the batch, as [`forward_whole`] picks its
+/// path; otherwise [`weight_grad_summed`]. The native sum equals it bit for bit while a sample
+/// has at most 256 rows (one of matrixmultiply's K blocks), as the steps do.
+pub fn weight_grad_whole<B: RotationKernels>(x: Float<B>, dy: Float<B>) -> Float<B> {
+    if B::kernel_path() == KernelPath::Native {
+        let all = Window::all(last(&shape::<B>(&dy)));
+        if let Ok((dw, _)) = weight_grad_step::<B>(x.clone(), dy.clone(), all, false) {
+            return dw;
+        }
+    }
+    weight_grad_summed::<B>(x, dy)
 }
 
 /// The compositions of Burn ops that every backend runs; what [`RotationKernels`]' default
