@@ -167,31 +167,158 @@ fn step_of(line: &str) -> Option<usize> {
         .and_then(|s| s.parse().ok())
 }
 
+/// Which processes `stop_mid_run` freezes (SIGSTOP) while it reads the last step printed and
+/// signals, thawing them (SIGCONT) once the signal is pending. Frozen, the trainer cannot run
+/// on between the test's read and the signal's arrival, however starved the test is: under
+/// heavy load it ran several steps there, and a prompt stop looked late.
+pub enum Freeze {
+    /// The process started: a trainer whose ranks are its threads.
+    Process,
+    /// Its children: the ranks under `mpirun`. mpirun runs on, to forward what they printed;
+    /// the read ends once it has forwarded nothing for 0.5 s.
+    Children,
+}
+
+/// The processes whose parent is `pid`.
+pub fn children(pid: u32) -> Vec<u32> {
+    let out = std::process::Command::new("pgrep")
+        .args(["-P", &pid.to_string()])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .map(|p| p.parse().unwrap())
+        .collect()
+}
+
+/// Sends `signal` (as `kill` spells it, "-STOP") to `pid` and checks that it was sent.
+pub fn kill(signal: &str, pid: u32) {
+    let status = std::process::Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill {signal} {pid}: {status}");
+}
+
+/// Waits (at most 60 s) until `done` holds, polling every millisecond.
+fn wait_until(what: &str, done: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !done() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "waited 60 s for {what}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
+/// Stops `pid` with SIGSTOP and returns once every one of its threads has stopped: `kill`
+/// returns before a thread running on another core has.
+fn freeze(pid: u32) {
+    kill("-STOP", pid);
+    let tasks = format!("/proc/{pid}/task");
+    wait_until(&format!("process {pid} to stop"), || {
+        std::fs::read_dir(&tasks).unwrap().flatten().all(|task| {
+            // The state is the field after the command name's closing parenthesis.
+            std::fs::read_to_string(task.path().join("stat")).map_or(true, |stat| {
+                stat.rsplit_once(") ")
+                    .is_some_and(|(_, rest)| rest.starts_with(['T', 't', 'Z', 'X']))
+            })
+        })
+    });
+}
+
+/// Waits until frozen `pid` has a signal pending (its shared pending mask, `ShdPnd` in
+/// /proc/PID/status, is not empty): one sent through mpirun reaches the ranks later.
+fn wait_for_pending_signal(pid: u32) {
+    wait_until(&format!("a signal pending on process {pid}"), || {
+        std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|status| {
+            status.lines().any(|l| {
+                l.strip_prefix("ShdPnd:")
+                    .is_some_and(|mask| u64::from_str_radix(mask.trim(), 16) != Ok(0))
+            })
+        })
+    });
+}
+
 /// Starts `cmd` (a `gpt` run with `--log-every 1`), calls `signal(pid)` once it printed step 3,
 /// and waits (at most 120 s) for it to end.
-pub fn stop_mid_run(mut cmd: std::process::Command, signal: impl FnOnce(u32)) -> Stopped {
+pub fn stop_mid_run(
+    mut cmd: std::process::Command,
+    how: Freeze,
+    signal: impl FnOnce(u32),
+) -> Stopped {
     use std::io::BufRead;
+    use std::os::fd::OwnedFd;
+    use std::os::unix::net::UnixStream;
+    use std::process::Stdio;
+    // The trainer writes to a socket rather than a pipe so that, just before signalling, the
+    // test can read without blocking every line already written. The test may have fallen
+    // behind the trainer, and lines of later steps may sit unread.
+    let (ours, theirs) = UnixStream::pair().unwrap();
     let mut run = cmd
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
+        .stdout(Stdio::from(OwnedFd::from(theirs)))
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    // The command keeps its copy of the trainer's end; without this drop, no end of file.
+    drop(cmd);
     let pid = run.id();
-    let mut lines = std::io::BufReader::new(run.stdout.take().unwrap()).lines();
+    let mut out = std::io::BufReader::new(ours);
+    let mut line = String::new();
     let mut seen = 0;
-    for line in lines.by_ref() {
-        if let Some(s) = step_of(&line.unwrap()) {
-            seen = s;
-            if s >= 3 {
-                break;
-            }
-        }
+    while seen < 3 && out.read_line(&mut line).unwrap() > 0 {
+        seen = step_of(line.trim_end_matches('\n')).unwrap_or(seen);
+        line.clear();
     }
     assert!(seen >= 3, "the trainer printed no progress");
+    let (frozen, quiet) = match how {
+        Freeze::Process => (vec![pid], std::time::Duration::ZERO),
+        Freeze::Children => (children(pid), std::time::Duration::from_millis(500)),
+    };
+    assert!(
+        !frozen.is_empty(),
+        "process {pid} has no children to freeze"
+    );
+    frozen.iter().for_each(|&p| freeze(p));
+    out.get_ref().set_nonblocking(true).unwrap();
+    let mut last_news = std::time::Instant::now();
+    loop {
+        let before = line.len();
+        match out.read_line(&mut line) {
+            Ok(0) => break,
+            Ok(_) if line.ends_with('\n') => {
+                seen = step_of(line.trim_end_matches('\n')).unwrap_or(seen);
+                line.clear();
+                last_news = std::time::Instant::now();
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if line.len() > before {
+                    last_news = std::time::Instant::now();
+                } else if last_news.elapsed() >= quiet {
+                    break;
+                } else {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+            }
+            Err(e) => panic!("reading the trainer's output: {e}"),
+        }
+    }
     signal(pid);
+    for &p in &frozen {
+        wait_for_pending_signal(p);
+        kill("-CONT", p);
+    }
+    out.get_ref().set_nonblocking(false).unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
+    // A line cut short by the drain above is completed here, not lost.
     std::thread::spawn(move || {
-        let rest: Vec<String> = lines.map_while(Result::ok).collect();
+        let mut rest = Vec::new();
+        while out.read_line(&mut line).is_ok_and(|n| n > 0) {
+            rest.push(line.trim_end_matches('\n').to_owned());
+            line.clear();
+        }
         let _ = tx.send(rest);
     });
     let rest = rx

@@ -346,18 +346,6 @@ fn a_world_size_other_than_np_is_an_error() {
     );
 }
 
-/// Every process of the mpirun job that runs the gpt binary.
-fn ranks_of(mpirun_pid: u32) -> Vec<String> {
-    let out = Command::new("pgrep")
-        .args(["-P", &mpirun_pid.to_string()])
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .map(str::to_string)
-        .collect()
-}
-
 /// A graceful stop of an mpirun job, in the two ways a user or a scheduler sends it: SIGTERM
 /// to every rank (what Slurm's `scancel` does) and SIGUSR1 to mpirun (which forwards it).
 /// Every rank finishes within 2 steps, the checkpoint is written, the job exits 0, and
@@ -383,9 +371,9 @@ fn a_signal_stops_an_mpi_job_cleanly_and_its_checkpoint_resumes_exactly() {
         .arg(&root)
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
-        let stop = common::stop_mid_run(cmd, |mpirun| {
+        let stop = common::stop_mid_run(cmd, common::Freeze::Children, |mpirun| {
             let targets = if how == "sigterm-ranks" {
-                let ranks = ranks_of(mpirun);
+                let ranks = common::children(mpirun);
                 assert_eq!(
                     ranks.len(),
                     np,
@@ -393,14 +381,10 @@ fn a_signal_stops_an_mpi_job_cleanly_and_its_checkpoint_resumes_exactly() {
                 );
                 ranks.into_iter().map(|p| ("-TERM", p)).collect()
             } else {
-                vec![("-USR1", mpirun.to_string())]
+                vec![("-USR1", mpirun)]
             };
             for (signal, pid) in targets {
-                assert!(Command::new("kill")
-                    .args([signal, &pid])
-                    .status()
-                    .unwrap()
-                    .success());
+                common::kill(signal, pid);
             }
         });
         eprintln!(
