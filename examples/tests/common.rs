@@ -241,6 +241,22 @@ fn wait_for_pending_signal(pid: u32) {
     });
 }
 
+/// Kills (SIGKILL) the processes `stop_mid_run` started or froze when one of its checks
+/// fails, so that a failing test leaves no stopped or runaway trainer behind.
+struct KillOnPanic(Vec<u32>);
+
+impl Drop for KillOnPanic {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            for pid in &self.0 {
+                let _ = std::process::Command::new("kill")
+                    .args(["-KILL", &pid.to_string()])
+                    .status();
+            }
+        }
+    }
+}
+
 /// Starts `cmd` (a `gpt` run with `--log-every 1`), calls `signal(pid)` once it printed step 3,
 /// and waits (at most 120 s) for it to end.
 pub fn stop_mid_run(
@@ -264,6 +280,7 @@ pub fn stop_mid_run(
     // The command keeps its copy of the trainer's end; without this drop, no end of file.
     drop(cmd);
     let pid = run.id();
+    let mut started = KillOnPanic(vec![pid]);
     let mut out = std::io::BufReader::new(ours);
     let mut line = String::new();
     let mut seen = 0;
@@ -280,6 +297,7 @@ pub fn stop_mid_run(
         !frozen.is_empty(),
         "process {pid} has no children to freeze"
     );
+    started.0.extend(&frozen);
     frozen.iter().for_each(|&p| freeze(p));
     out.get_ref().set_nonblocking(true).unwrap();
     let mut last_news = std::time::Instant::now();
