@@ -249,17 +249,13 @@ fn signal_rank_1_mid_training(
     let child = mpirun(np, "child_train_until_killed", &env)
         .spawn()
         .unwrap();
-    let pid = pids(&dir, np)[1].trim().to_string();
+    let pid: u32 = pids(&dir, np)[1].trim().parse().unwrap();
     let signalled = Instant::now();
-    assert!(Command::new("kill")
-        .args([signal, &pid])
-        .status()
-        .unwrap()
-        .success());
+    common::kill(signal, pid);
     let out = wait_at_most(child, Duration::from_secs(60));
     let took = signalled.elapsed();
     // A stopped rank that mpirun did not reap must not outlive the test.
-    let _ = Command::new("kill").args(["-9", &pid]).status();
+    let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
     (out, took)
 }
 
