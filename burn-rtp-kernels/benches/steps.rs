@@ -3,7 +3,9 @@
 //! * On NdArray, one rotated Linear's forward and backward at N = 4: the concatenating
 //!   composition burn-rtp used before (every shard's block kept, then `cat`) against the
 //!   preallocated one (each shard's columns written into one output), both composed of Burn
-//!   ops; then each step, NdArray's native GEMM on strided views against the composition.
+//!   ops; then one rotated Linear's forward and weight-gradient steps on NdArray's native
+//!   GEMM, with X packed once per pass against packed again by every step; then each step,
+//!   NdArray's native GEMM on strided views against the composition.
 //! * With `--features wgpu` (or `cuda`), each step on that backend: the fused `#[cube]` kernel against the
 //!   composition of Burn ops it replaces (Burn's matmul, then slice-assign, add or a second
 //!   pass for the bias). CI runs this on Mesa's lavapipe, a CPU rasteriser: its timings say
@@ -23,7 +25,7 @@ use burn::tensor::{Distribution, Int, Tensor, TensorData};
 use burn_rtp_kernels::kernel::{embedding, linear};
 use burn_rtp_kernels::{
     assemble_columns, embedding_grad_step, embedding_step, forward_step, output_for_columns,
-    weight_grad_step, x_grad_step, Float, RotationKernels, Window,
+    pack_x, weight_grad_step, x_grad_step, Float, RotationKernels, Window, XUse,
 };
 use criterion::Criterion;
 use std::time::{Duration, Instant};
@@ -193,7 +195,7 @@ fn run<B: RotationKernels>(s: usize, fused: bool, i: &Inputs<B>) -> Float<B> {
     match (s, fused) {
         (0, true) => {
             let y = output_for_columns::<B>(&i.x, i.d.d_out);
-            forward_step::<B>(y, x, w, Some(b), win.start).expect("fits")
+            forward_step::<B>(y, x, w, Some(b), win.start, None).expect("fits")
         }
         (0, false) => {
             let y = output_for_columns::<B>(&i.x, i.d.d_out);
@@ -202,7 +204,7 @@ fn run<B: RotationKernels>(s: usize, fused: bool, i: &Inputs<B>) -> Float<B> {
         (1, true) => x_grad_step::<B>(Some(i.acc.clone()), w, i.dy.clone(), win).expect("fits"),
         (1, false) => linear::generic::x_grad::<B>(Some(i.acc.clone()), w, i.dy.clone(), win),
         (2, true) => {
-            weight_grad_step::<B>(x, i.dy.clone(), win, true)
+            weight_grad_step::<B>(x, i.dy.clone(), win, true, None)
                 .expect("fits")
                 .0
         }
@@ -336,83 +338,126 @@ fn steps_on<B: RotationKernels>(c: &mut Criterion, label: &str, device: &B::Devi
     rows
 }
 
-/// NdArray: one rotated Linear's forward and backward at N = 4, the concatenating
-/// composition against the preallocated one (both composed of Burn ops, as before the native
-/// steps; those are measured step by step in [`steps_on`]).
-fn linear_on_ndarray(c: &mut Criterion) -> Vec<String> {
-    type B = NdArray;
+/// Two variants of one rotated Linear's pass on NdArray, per shape: `pass(inputs, true)` and
+/// `pass(inputs, false)` measured by criterion (group `ndarray/<shape>/<what>`, functions
+/// `names`), then in alternating rounds; `row(shape, ms, ms, ratio)` is the table's row.
+fn ndarray_pair(
+    c: &mut Criterion,
+    what: &str,
+    names: [&str; 2],
+    pass: impl Fn(&Inputs<NdArray>, bool),
+    row: impl Fn(Dims, f64, f64, f64) -> String,
+) -> Vec<String> {
     let device = Default::default();
     let mut rows = Vec::new();
     for d in SHAPES {
-        let i = Inputs::<B>::new(d, &device);
-        let w = d.d_out / SHARDS;
-        let backward = |i: &Inputs<B>| {
-            let mut dx = None;
-            let mut grads = Vec::new();
-            for (j, w_j) in i.shards.iter().enumerate() {
-                let win = Window::new(j * w, w);
-                dx = Some(linear::generic::x_grad::<B>(
-                    dx,
-                    w_j.clone(),
-                    i.dy.clone(),
-                    win,
-                ));
-                grads.push(linear::generic::weight_grad::<B>(
-                    i.x.clone(),
-                    i.dy.clone(),
-                    win,
-                    true,
-                ));
+        let i = Inputs::<NdArray>::new(d, &device);
+        let mut group = c.benchmark_group(format!("ndarray/{}/{what}", d.name));
+        group.bench_function(names[0], |b| b.iter(|| pass(&i, true)));
+        group.bench_function(names[1], |b| b.iter(|| pass(&i, false)));
+        group.finish();
+        let rounds = if quick() { 5 } else { 15 };
+        let (ta, tb, ratio) = alternate(rounds, || pass(&i, true), || pass(&i, false));
+        rows.push(row(d, ta * 1e3, tb * 1e3, ratio));
+    }
+    rows
+}
+
+/// NdArray: one rotated Linear's forward and backward at N = 4, the preallocated composition
+/// against the concatenating one (both composed of Burn ops, as before the native steps;
+/// those are measured step by step in [`steps_on`]).
+fn linear_on_ndarray(c: &mut Criterion) -> Vec<String> {
+    type B = NdArray;
+    let backward = |i: &Inputs<B>| {
+        let w = i.d.d_out / SHARDS;
+        let mut dx = None;
+        let mut grads = Vec::new();
+        for (j, w_j) in i.shards.iter().enumerate() {
+            let win = Window::new(j * w, w);
+            dx = Some(linear::generic::x_grad::<B>(
+                dx,
+                w_j.clone(),
+                i.dy.clone(),
+                win,
+            ));
+            grads.push(linear::generic::weight_grad::<B>(
+                i.x.clone(),
+                i.dy.clone(),
+                win,
+                true,
+            ));
+        }
+        (dx, grads)
+    };
+    let pass = |i: &Inputs<B>, preallocated: bool| {
+        let y = if preallocated {
+            let w = i.d.d_out / SHARDS;
+            let mut y = output_for_columns::<B>(&i.x, i.d.d_out);
+            for (j, (w_j, b_j)) in i.shards.iter().zip(&i.biases).enumerate() {
+                let (x, b_j, win) = (i.x.clone(), Some(b_j.clone()), Window::new(j * w, w));
+                y = linear::generic::forward::<B>(y, x, w_j.clone(), b_j, win);
             }
-            (dx, grads)
-        };
-        let concatenating = || {
+            y
+        } else {
             let blocks = i
                 .shards
                 .iter()
                 .zip(&i.biases)
                 .map(|(w_j, b_j)| B::linear(i.x.clone(), w_j.clone(), Some(b_j.clone())))
                 .collect();
-            (assemble_columns::<B>(blocks, 1), backward(&i))
+            assemble_columns::<B>(blocks, 1)
         };
-        let preallocated = || {
-            let mut y = output_for_columns::<B>(&i.x, d.d_out);
-            for (j, (w_j, b_j)) in i.shards.iter().zip(&i.biases).enumerate() {
-                let win = Window::new(j * w, w);
-                y = linear::generic::forward::<B>(
-                    y,
-                    i.x.clone(),
-                    w_j.clone(),
-                    Some(b_j.clone()),
-                    win,
-                );
-            }
-            (y, backward(&i))
-        };
-        let mut group = c.benchmark_group(format!(
-            "ndarray/{}/rotated linear forward+backward",
-            d.name
-        ));
-        group.bench_function("concatenating", |b| b.iter(concatenating));
-        group.bench_function("preallocated", |b| b.iter(preallocated));
-        group.finish();
-        let (tp, tc, ratio) = alternate(
-            if quick() { 5 } else { 15 },
-            || drop(preallocated()),
-            || drop(concatenating()),
-        );
-        // Forward only differs: concatenating holds every block and copies them once more.
-        let out = d.tokens * d.d_out * F32;
-        rows.push(format!(
-            "| ndarray | {} | rotated Linear fwd+bwd, N = 4: preallocated vs concatenating | {:.3} | {:.3} | **{ratio:.2}** | writes {} | writes {} |",
+        drop((y, backward(i)));
+    };
+    let names = ["preallocated", "concatenating"];
+    ndarray_pair(
+        c,
+        "rotated linear forward+backward",
+        names,
+        pass,
+        |d, tp, tc, ratio| {
+            // Forward only differs: concatenating holds every block and copies them once more.
+            let out = d.tokens * d.d_out * F32;
+            format!(
+            "| ndarray | {} | rotated Linear fwd+bwd, N = 4: preallocated vs concatenating | {tp:.3} | {tc:.3} | **{ratio:.2}** | writes {} | writes {} |",
             d.name,
-            tp * 1e3,
-            tc * 1e3,
             mib(2 * out),
             mib(3 * out),
-        ));
-    }
-    rows
+        )
+        },
+    )
+}
+
+/// NdArray: one rotated Linear's forward and weight-gradient steps at N = 4 on the native
+/// GEMM, with X packed once for each pass (`pack_x`, as the decorator does) against packed
+/// again by every step (as a GEMM call does by itself).
+fn packed_x_on_ndarray(c: &mut Criterion) -> Vec<String> {
+    type B = NdArray;
+    let pass = |i: &Inputs<B>, once: bool| {
+        let (d, w) = (i.d, i.d.d_out / SHARDS);
+        let packed = |use_| once.then(|| pack_x::<B>(&i.x, use_)).flatten();
+        let (fwd, dw) = (packed(XUse::Forward), packed(XUse::WeightGrad));
+        let mut y = output_for_columns::<B>(&i.x, d.d_out);
+        let mut grads = Vec::new();
+        for (j, (w_j, b_j)) in i.shards.iter().zip(&i.biases).enumerate() {
+            let (x, b_j) = (i.x.clone(), Some(b_j.clone()));
+            y = forward_step::<B>(y, x, w_j.clone(), b_j, j * w, fwd.as_ref()).expect("fits");
+            let win = Window::new(j * w, w);
+            let g = weight_grad_step::<B>(i.x.clone(), i.dy.clone(), win, true, dw.as_ref());
+            grads.push(g.expect("fits"));
+        }
+        drop((y, grads));
+    };
+    let what = "rotated linear forward + weight grad (native)";
+    let names = ["X packed once", "X packed per step"];
+    ndarray_pair(c, what, names, pass, |d, once, each, ratio| {
+        let x = mib(d.tokens * d.d_in * F32);
+        format!(
+            "| ndarray (native) | {} | rotated Linear fwd + dW, N = 4: X packed once vs per step | {once:.3} | {each:.3} | **{ratio:.2}** | packs {x} twice | packs {x} {} times |",
+            d.name,
+            2 * SHARDS,
+        )
+    })
 }
 
 fn main() {
@@ -420,7 +465,9 @@ fn main() {
     let mut rows = if std::env::var("RTP_BENCH_ONLY").is_ok() {
         Vec::new()
     } else {
-        linear_on_ndarray(&mut c)
+        let mut rows = linear_on_ndarray(&mut c);
+        rows.extend(packed_x_on_ndarray(&mut c));
+        rows
     };
     rows.extend(steps_on::<NdArray>(
         &mut c,

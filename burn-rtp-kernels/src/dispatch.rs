@@ -6,7 +6,7 @@
 //! override them with the fused `#[cube]` kernels.
 
 use crate::kernel::columns::Window;
-use crate::kernel::linear::ndarray_gemm;
+use crate::kernel::linear::{ndarray_gemm, PackedX, XUse};
 use crate::kernel::{embedding, linear};
 use crate::{Float, Int};
 use burn::tensor::backend::Backend;
@@ -86,14 +86,23 @@ pub trait RotationKernels: Backend {
         KernelPath::Generic
     }
 
-    /// `Y[.., win] = X · W_j (+ b_j)` into `y`.
+    /// `x` packed once for the steps of a pass that read it as `use_` (see
+    /// [`PackedX`]); `None` where the backend's steps do not pack X.
+    fn pack_x(x: &Float<Self>, use_: XUse) -> Option<PackedX> {
+        let _ = (x, use_);
+        None
+    }
+
+    /// `Y[.., win] = X · W_j (+ b_j)` into `y`, reading `packed` where given.
     fn linear_step(
         y: Float<Self>,
         x: Float<Self>,
         w_j: Float<Self>,
         b_j: Option<Float<Self>>,
         window: Window,
+        packed: Option<&PackedX>,
     ) -> Float<Self> {
+        let _ = packed;
         linear::generic::forward::<Self>(y, x, w_j, b_j, window)
     }
 
@@ -107,13 +116,15 @@ pub trait RotationKernels: Backend {
         linear::generic::x_grad::<Self>(acc, w_j, dy, window)
     }
 
-    /// `(Xᵀ · dY[.., win], Σ_rows dY[.., win])`.
+    /// `(Xᵀ · dY[.., win], Σ_rows dY[.., win])`, reading `packed` where given.
     fn weight_grad_step(
         x: Float<Self>,
         dy: Float<Self>,
         window: Window,
         with_bias: bool,
+        packed: Option<&PackedX>,
     ) -> (Float<Self>, Option<Float<Self>>) {
+        let _ = packed;
         linear::generic::weight_grad::<Self>(x, dy, window, with_bias)
     }
 
@@ -158,15 +169,22 @@ where
         }
     }
 
+    fn pack_x(x: &Float<Self>, use_: XUse) -> Option<PackedX> {
+        fused_kernels_enabled()
+            .then(|| ndarray_gemm::pack_x(x, use_))
+            .flatten()
+    }
+
     fn linear_step(
         y: Float<Self>,
         x: Float<Self>,
         w_j: Float<Self>,
         b_j: Option<Float<Self>>,
         window: Window,
+        packed: Option<&PackedX>,
     ) -> Float<Self> {
         let y = match fused_kernels_enabled() {
-            true => match ndarray_gemm::forward(y, &x, &w_j, b_j.as_ref(), window) {
+            true => match ndarray_gemm::forward(y, &x, &w_j, b_j.as_ref(), window, packed) {
                 Ok(y) => {
                     count_fused_launch();
                     return y;
@@ -202,9 +220,10 @@ where
         dy: Float<Self>,
         window: Window,
         with_bias: bool,
+        packed: Option<&PackedX>,
     ) -> (Float<Self>, Option<Float<Self>>) {
         if fused_kernels_enabled() {
-            if let Some(dw) = ndarray_gemm::weight_grad(&x, &dy, window) {
+            if let Some(dw) = ndarray_gemm::weight_grad(&x, &dy, window, packed) {
                 count_fused_launch();
                 // Burn's own sum over the window read in place: the composition's bits.
                 let db = with_bias.then(|| {
@@ -258,6 +277,7 @@ mod cube {
             w_j: Float<Self>,
             b_j: Option<Float<Self>>,
             window: Window,
+            _packed: Option<&PackedX>,
         ) -> Float<Self> {
             match fused_kernels_enabled() {
                 true => launch::forward(y, x, w_j, b_j, window),
@@ -282,6 +302,7 @@ mod cube {
             dy: Float<Self>,
             window: Window,
             with_bias: bool,
+            _packed: Option<&PackedX>,
         ) -> (Float<Self>, Option<Float<Self>>) {
             match fused_kernels_enabled() {
                 true => launch::weight_grad(x, dy, window, with_bias),

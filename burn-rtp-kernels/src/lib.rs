@@ -26,6 +26,6 @@ pub use kernel::embedding::{accumulate_embedding_grad, embedding_grad_step, embe
 #[cfg(feature = "cube")]
 pub use kernel::linear::launch::{set_gemm_tiling, GemmTiling};
 pub use kernel::linear::{
-    forward_step, forward_whole, weight_grad_step, weight_grad_summed, weight_grad_whole,
-    x_grad_step, x_grad_whole,
+    forward_step, forward_whole, pack_x, weight_grad_step, weight_grad_summed, weight_grad_whole,
+    x_grad_step, x_grad_whole, PackedX, XUse,
 };

@@ -11,8 +11,8 @@
 use burn::backend::NdArray;
 use burn::tensor::{Int, Tensor, TensorData, TensorPrimitive};
 use burn_rtp_kernels::{
-    embedding_grad_step, embedding_step, forward_step, fused_launches, weight_grad_step,
-    weight_grad_summed, x_grad_step, ColumnError, Float, KernelPath, RotationKernels, Window,
+    embedding_grad_step, embedding_step, forward_step, fused_launches, pack_x, weight_grad_step,
+    weight_grad_summed, x_grad_step, ColumnError, Float, KernelPath, RotationKernels, Window, XUse,
 };
 
 /// Deterministic values in [-1, 1).
@@ -122,6 +122,7 @@ fn forward_case<B: RotationKernels>(
             float::<B>(&wt, &[d_in, w], device),
             bias.then(|| float::<B>(&b, &[w], device)),
             start,
+            None,
         )
         .expect("fits")
     });
@@ -211,6 +212,7 @@ fn weight_grad_case<B: RotationKernels>(
             float::<B>(&dy, &ds, device),
             Window::new(start, w),
             bias,
+            None,
         )
         .expect("fits")
     });
@@ -352,7 +354,7 @@ fn refusals<B: RotationKernels>(device: &B::Device) {
     let y = float::<B>(&values(20, 1), &[4, 5], device);
     let x = float::<B>(&values(12, 2), &[4, 3], device);
     let w = float::<B>(&values(6, 3), &[3, 2], device);
-    let past_edge = forward_step::<B>(y.clone(), x.clone(), w.clone(), None, 4);
+    let past_edge = forward_step::<B>(y.clone(), x.clone(), w.clone(), None, 4, None);
     assert!(
         matches!(
             past_edge,
@@ -366,7 +368,7 @@ fn refusals<B: RotationKernels>(device: &B::Device) {
         "{past_edge:?}"
     );
     let w_bad = float::<B>(&values(8, 3), &[4, 2], device);
-    let inner = forward_step::<B>(y.clone(), x.clone(), w_bad, None, 0);
+    let inner = forward_step::<B>(y.clone(), x.clone(), w_bad, None, 0, None);
     assert!(
         matches!(inner, Err(ColumnError::Mismatch { .. })),
         "{inner:?}"
@@ -378,6 +380,7 @@ fn refusals<B: RotationKernels>(device: &B::Device) {
         float::<B>(&values(15, 4), &[3, 5], device),
         Window::new(0, 2),
         true,
+        None,
     );
     assert!(matches!(dw, Err(ColumnError::Mismatch { .. })), "{dw:?}");
     let idx = ints::<B>(&[0, 1, 2, 0], &[1, 4], device);
@@ -431,18 +434,35 @@ fn native_steps_equal_the_compositions_bit_for_bit_on_ndarray() {
         );
         let win = Window::new(start, w);
         let what = format!("{lead:?} x {d_in} -> {w} at {start} of {cols}");
-        for bias in [false, true] {
+        // X packed once per pass (where this CPU's GEMM packs), read by every step, and not.
+        let x_in = t(&x, &xs);
+        let packed_fwd = pack_x::<B>(&x_in, XUse::Forward);
+        let packed_dw = pack_x::<B>(&x_in, XUse::WeightGrad);
+        assert_eq!(packed_fwd.is_some(), packed_dw.is_some(), "{what}");
+        for (bias, packed) in [(false, false), (true, false), (false, true), (true, true)] {
             let b_j = || bias.then(|| t(&b, &[w]));
-            let native =
-                forward_step::<B>(t(&y0, &ys), t(&x, &xs), t(&wt, &[d_in, w]), b_j(), start);
+            let (fwd, dw_packed) = match packed {
+                true => (packed_fwd.as_ref(), packed_dw.as_ref()),
+                false => (None, None),
+            };
+            let what = format!("{what}, bias {bias}, packed {}", fwd.is_some());
+            let native = forward_step::<B>(
+                t(&y0, &ys),
+                x_in.clone(),
+                t(&wt, &[d_in, w]),
+                b_j(),
+                start,
+                fwd,
+            );
             let composed =
                 generic::forward::<B>(t(&y0, &ys), t(&x, &xs), t(&wt, &[d_in, w]), b_j(), win);
             assert_eq!(
                 bits(native.expect("fits")),
                 bits(composed),
-                "forward {what}, bias {bias}"
+                "forward {what}"
             );
-            let (dw, db) = weight_grad_step::<B>(t(&x, &xs), t(&dy, &ys), win, bias).expect("fits");
+            let (dw, db) = weight_grad_step::<B>(x_in.clone(), t(&dy, &ys), win, bias, dw_packed)
+                .expect("fits");
             let (dw0, db0) = generic::weight_grad::<B>(t(&x, &xs), t(&dy, &ys), win, bias);
             assert_eq!(bits(dw), bits(dw0), "weight grad {what}");
             assert_eq!(db.map(bits), db0.map(bits), "bias grad {what}");

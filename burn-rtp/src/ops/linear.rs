@@ -7,8 +7,8 @@ use super::weights::{
 };
 use super::{full_inner, unary, Float};
 use crate::accounting::transient;
-use crate::accounting::Charge;
 use crate::accounting::Held;
+use crate::accounting::{Category, Charge};
 use crate::linear_pairing::{Deferred, Forward};
 use crate::rotation::{ring_pass, rotate_columns, Pass};
 use crate::sharding::Layout;
@@ -100,19 +100,31 @@ fn backward_pass<B: RotationKernels>(
         (false, true) => "linear.backward_weight",
         (false, false) => "linear.backward_bias",
     };
+    // `xᵀ` packed once for every step's dW (where the backend packs), charged while it lives.
+    let packed = x
+        .as_ref()
+        .and_then(|x| kernels::pack_x::<B>(x, kernels::XUse::WeightGrad));
+    let _packed_charge = packed
+        .as_ref()
+        .map(|p| ctx.ledger.charge(Category::Local, p.bytes()));
     let mut own = ring_pass(ctx, op, pass, |j| match &x {
         // dW_j and db_j from one step (one launch on cube backends).
         Some(x) => {
             let dy = dy.get();
-            let (dw, db) =
-                kernels::weight_grad_step::<B>(x.clone(), dy.clone(), window(j), with_bias)
-                    .unwrap_or_else(|e| {
-                        panic!(
-                            "rank {}: `{op}` shard {j} (x, dy {:?}): {e}",
-                            ctx.rank,
-                            shapes(&[x, &dy])
-                        )
-                    });
+            let (dw, db) = kernels::weight_grad_step::<B>(
+                x.clone(),
+                dy.clone(),
+                window(j),
+                with_bias,
+                packed.as_ref(),
+            )
+            .unwrap_or_else(|e| {
+                panic!(
+                    "rank {}: `{op}` shard {j} (x, dy {:?}): {e}",
+                    ctx.rank,
+                    shapes(&[x, &dy])
+                )
+            });
             std::iter::once(dw).chain(db).collect()
         }
         None if with_bias => {
@@ -187,6 +199,11 @@ fn rotated_forward<B: RotationKernels>(
     };
     let with_bias = bundle.len() == 2;
     let y = kernels::output_for_columns::<B>(&x.get(), spec.last());
+    // X packed once for every step (where the backend packs), charged while it lives.
+    let packed = kernels::pack_x::<B>(&x.get(), kernels::XUse::Forward);
+    let _packed_charge = packed
+        .as_ref()
+        .map(|p| ctx.ledger.charge(Category::Local, p.bytes()));
     let mut y = rotate_columns(
         ctx,
         "linear.forward",
@@ -203,7 +220,8 @@ fn rotated_forward<B: RotationKernels>(
         !B::kernel_path().linear_in_place(),
         |y, j, shard| {
             let start = spec.range(j).start;
-            kernels::forward_step::<B>(y, x.get(), shard[0].clone(), shard.get(1).cloned(), start)
+            let (w_j, b_j) = (shard[0].clone(), shard.get(1).cloned());
+            kernels::forward_step::<B>(y, x.get(), w_j, b_j, start, packed.as_ref())
         },
         |j| spec.range(j),
     )

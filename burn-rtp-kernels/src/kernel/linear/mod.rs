@@ -4,14 +4,16 @@
 //!
 //! The entry points check shapes and windows, then run the backend's implementation
 //! ([`RotationKernels`]): the tiled `#[cube]` GEMM of `gemm.rs` on cube backends,
-//! matrixmultiply's GEMM on strided views on NdArray (`ndarray_gemm.rs`), or the compositions
-//! of Burn ops below on any other backend.
+//! matrixmultiply's GEMM on strided views on NdArray (`ndarray_gemm.rs`, with the forward and
+//! weight-gradient GEMMs of f32 on `packed_lhs.rs`, which packs X once per pass), or the
+//! compositions of Burn ops below on any other backend.
 
 #[cfg(feature = "cube")]
 pub(crate) mod gemm;
 #[cfg(feature = "cube")]
 pub(crate) mod launch;
 pub(crate) mod ndarray_gemm;
+pub(crate) mod packed_lhs;
 
 use crate::dispatch::{KernelPath, RotationKernels};
 use crate::kernel::columns::{
@@ -33,14 +35,50 @@ fn last(shape: &[usize]) -> usize {
     shape.last().copied().unwrap_or(0)
 }
 
+/// Which step reads a packed input: the forward multiplies by X, the weight gradient by `Xᵀ`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum XUse {
+    /// `Y[.., win] = X · W_j`.
+    Forward,
+    /// `dW_j = Xᵀ · dY[.., win]`.
+    WeightGrad,
+}
+
+/// A Linear's input X packed once for every step of a ring pass that reads it as one
+/// [`XUse`]. A GEMM packs both operands on every call, so without it a pass of N steps packs
+/// the same X N times, where data parallelism's one GEMM packs it once. Only NdArray with f32
+/// on a CPU with AVX2 and FMA packs ([`pack_x`]); the steps read the packing instead of
+/// packing X again, with the same bits.
+#[derive(Debug)]
+pub struct PackedX {
+    pub(crate) use_: XUse,
+    pub(crate) lhs: packed_lhs::PackedLhs,
+}
+
+impl PackedX {
+    /// The bytes the packed copy holds (a buffer the size of X): a caller charges them while
+    /// it keeps the packing.
+    pub fn bytes(&self) -> usize {
+        self.lhs.bytes()
+    }
+}
+
+/// `x` packed once for the steps of a pass that read it as `use_`, where the backend packs
+/// (see [`PackedX`]); `None` elsewhere, and each step reads `x` itself.
+pub fn pack_x<B: RotationKernels>(x: &Float<B>, use_: XUse) -> Option<PackedX> {
+    B::pack_x(x, use_)
+}
+
 /// `Y[.., start..start+w] = X · W_j (+ b_j)`, written into `y` (allocated once per forward,
-/// e.g. by [`crate::output_for_columns`]); returns `y`.
+/// e.g. by [`crate::output_for_columns`]); returns `y`. `packed` is `x` packed by
+/// [`pack_x`] for [`XUse::Forward`], if the pass packed it.
 pub fn forward_step<B: RotationKernels>(
     y: Float<B>,
     x: Float<B>,
     w_j: Float<B>,
     b_j: Option<Float<B>>,
     start: usize,
+    packed: Option<&PackedX>,
 ) -> Result<Float<B>, ColumnError> {
     let (ys, xs, ws) = (shape::<B>(&y), shape::<B>(&x), shape::<B>(&w_j));
     let bs = b_j.as_ref().map(shape::<B>);
@@ -59,7 +97,7 @@ pub fn forward_step<B: RotationKernels>(
         });
     }
     let window = Window::new(start, ws[1]).check(&ys)?;
-    Ok(B::linear_step(y, x, w_j, b_j, window))
+    Ok(B::linear_step(y, x, w_j, b_j, window, packed))
 }
 
 /// `dX (+)= dY[.., win] · W_jᵀ`: added into `acc` when given, else a new tensor.
@@ -90,12 +128,14 @@ pub fn x_grad_step<B: RotationKernels>(
 }
 
 /// `(Xᵀ · dY[.., win], Σ_rows dY[.., win])`, summed over every leading dimension; the bias
-/// gradient only `with_bias`.
+/// gradient only `with_bias`. `packed` is `x` packed by [`pack_x`] for [`XUse::WeightGrad`],
+/// if the pass packed it.
 pub fn weight_grad_step<B: RotationKernels>(
     x: Float<B>,
     dy: Float<B>,
     window: Window,
     with_bias: bool,
+    packed: Option<&PackedX>,
 ) -> Result<(Float<B>, Option<Float<B>>), ColumnError> {
     let (xs, ds) = (shape::<B>(&x), shape::<B>(&dy));
     if xs.len() < 2 || xs.len() != ds.len() || leading(&xs) != leading(&ds) {
@@ -105,7 +145,7 @@ pub fn weight_grad_step<B: RotationKernels>(
         });
     }
     let window = window.check(&ds)?;
-    Ok(B::weight_grad_step(x, dy, window, with_bias))
+    Ok(B::weight_grad_step(x, dy, window, with_bias, packed))
 }
 
 /// `X · W (+ b)` against a whole weight `[d_in, d_out]`: data parallelism's Linear, and
@@ -123,7 +163,7 @@ pub fn forward_whole<B: RotationKernels>(
 ) -> Float<B> {
     if B::kernel_path() == KernelPath::Native {
         let y = output_for_columns::<B>(&x, last(&shape::<B>(&w)));
-        if let Ok(y) = forward_step::<B>(y, x.clone(), w.clone(), b.clone(), 0) {
+        if let Ok(y) = forward_step::<B>(y, x.clone(), w.clone(), b.clone(), 0, None) {
             return y;
         }
     }
@@ -148,7 +188,7 @@ pub fn x_grad_whole<B: RotationKernels>(w: Float<B>, dy: Float<B>) -> Float<B> {
 pub fn weight_grad_whole<B: RotationKernels>(x: Float<B>, dy: Float<B>) -> Float<B> {
     if B::kernel_path() == KernelPath::Native {
         let all = Window::all(last(&shape::<B>(&dy)));
-        if let Ok((dw, _)) = weight_grad_step::<B>(x.clone(), dy.clone(), all, false) {
+        if let Ok((dw, _)) = weight_grad_step::<B>(x.clone(), dy.clone(), all, false, None) {
             return dw;
         }
     }

@@ -17,13 +17,24 @@
 //! one of matrixmultiply's K blocks (256 for f32: windows of up to 256 columns for dX, samples
 //! of up to 256 rows for dW), and past that the same sum rounded in another order.
 //!
+//! With f32 on a CPU with AVX2 and FMA, the forward and weight-gradient GEMMs run on
+//! `packed_lhs.rs` instead, whose left operand (X, `Xᵀ`) a ring pass packs once for all its
+//! steps ([`pack_x`]), with matrixmultiply's bits.
+//!
 //! Each function takes what it cannot run (another element type, an operand not in row-major
 //! order) back as `Err`, and the caller runs the composition instead.
 
+use super::packed_lhs::{self, PackedLhs};
+use super::{PackedX, XUse};
 use crate::kernel::columns::Window;
 use burn::backend::ndarray::NdArrayTensor;
 use ndarray::linalg::general_mat_mul;
-use ndarray::{s, ArcArray, Array2, ArrayView2, ArrayViewD, Axis, Ix1, Ix3, IxDyn, LinalgScalar};
+use ndarray::{
+    s, ArcArray, Array2, ArrayView2, ArrayViewD, ArrayViewMut2, Axis, Ix1, Ix3, IxDyn, LinalgScalar,
+};
+
+/// Blocks of a packed sum: (first term, number of terms).
+type Segments = Vec<(usize, usize)>;
 
 /// The float elements NdArray's tensors hold, and the way to their arrays.
 trait Elem: LinalgScalar + std::ops::AddAssign {
@@ -33,11 +44,31 @@ trait Elem: LinalgScalar + std::ops::AddAssign {
     fn array(t: NdArrayTensor) -> Result<ArcArray<Self, IxDyn>, NdArrayTensor>;
     /// The tensor of an array.
     fn tensor(a: ArcArray<Self, IxDyn>) -> NdArrayTensor;
+    /// `a` packed for the packed GEMM, cut at `segments`; `None` where that GEMM cannot run.
+    fn pack(a: ArrayView2<'_, Self>, segments: &[(usize, usize)]) -> Option<PackedLhs> {
+        let _ = (a, segments);
+        None
+    }
+    /// `C (+)= A · B` on the packed GEMM, reusing `packed` where it was packed from `a` cut at
+    /// `segments`; false where that GEMM cannot run (f64, a CPU without AVX2 and FMA), and
+    /// the caller runs matrixmultiply.
+    fn packed_mul(
+        a: ArrayView2<'_, Self>,
+        segments: &[(usize, usize)],
+        packed: Option<&PackedLhs>,
+        b: ArrayView2<'_, Self>,
+        c: ArrayViewMut2<'_, Self>,
+        accumulate: bool,
+    ) -> bool {
+        let _ = (a, segments, packed, b, c, accumulate);
+        false
+    }
 }
 
-/// Implements [`Elem`] for one element type and its `NdArrayTensor` variant.
+/// Implements [`Elem`] for one element type and its `NdArrayTensor` variant, with any method
+/// it overrides.
 macro_rules! elem {
-    ($ty:ty, $variant:ident) => {
+    ($ty:ty, $variant:ident $(, $extra:item)*) => {
         impl Elem for $ty {
             fn view(t: &NdArrayTensor) -> Option<ArrayViewD<'_, Self>> {
                 match t {
@@ -54,10 +85,40 @@ macro_rules! elem {
             fn tensor(a: ArcArray<Self, IxDyn>) -> NdArrayTensor {
                 a.into()
             }
+            $($extra)*
         }
     };
 }
-elem!(f32, F32);
+elem!(
+    f32,
+    F32,
+    fn pack(a: ArrayView2<'_, f32>, segments: &[(usize, usize)]) -> Option<PackedLhs> {
+        packed_lhs::available().then(|| PackedLhs::pack(a, segments))
+    },
+    fn packed_mul(
+        a: ArrayView2<'_, f32>,
+        segments: &[(usize, usize)],
+        packed: Option<&PackedLhs>,
+        b: ArrayView2<'_, f32>,
+        c: ArrayViewMut2<'_, f32>,
+        accumulate: bool,
+    ) -> bool {
+        if !packed_lhs::available() {
+            return false;
+        }
+        let fresh;
+        let lhs = match packed {
+            Some(p) if p.packed_from(&a, segments) => p,
+            _ => {
+                fresh = PackedLhs::pack(a, segments);
+                &fresh
+            }
+        };
+        packed_lhs::gemm(lhs, b, c, accumulate);
+        true
+    }
+);
+// f64 keeps matrixmultiply: the packed GEMM is f32's.
 elem!(f64, F64);
 
 /// Runs `$f::<E>` for the element type of `$t` (f32 or f64); any other gives `$none`.
@@ -87,15 +148,58 @@ fn columns<'a, E>(m: ArrayView2<'a, E>, window: Window) -> ArrayView2<'a, E> {
     m.slice_move(s![.., window.start..window.start + window.len])
 }
 
+/// The left operand that `use_` multiplies by, made of the input `x`, and where its sum is
+/// cut: X (`[rows, d_in]`, one sum over `d_in`) for the forward; `Xᵀ` (`[d_in, rows]`) for the
+/// weight gradient, its sum over the rows cut per sample of a `[batch, rows, d_in]` input (the
+/// products are summed one sample at a time). `None` for an input not in row-major order, or
+/// of another rank for the weight gradient.
+fn lhs_of<E>(use_: XUse, x: ArrayViewD<'_, E>) -> Option<(ArrayView2<'_, E>, Segments)> {
+    let ndim = x.ndim();
+    let samples = if ndim == 3 { x.shape()[0] } else { 1 };
+    let x = matrix(x)?;
+    match use_ {
+        XUse::Forward => Some((x, vec![(0, x.ncols())])),
+        XUse::WeightGrad if ndim == 2 || ndim == 3 => {
+            let rows = x.nrows() / samples.max(1);
+            Some((
+                x.reversed_axes(),
+                (0..samples).map(|i| (i * rows, rows)).collect(),
+            ))
+        }
+        XUse::WeightGrad => None,
+    }
+}
+
+/// `x` packed once for every step of a pass that reads it as `use_`; `None` where the packed
+/// GEMM cannot run.
+pub(crate) fn pack_x(x: &NdArrayTensor, use_: XUse) -> Option<PackedX> {
+    by_elem!(x, pack_x_in(x, use_), None)
+}
+
+fn pack_x_in<E: Elem>(x: &NdArrayTensor, use_: XUse) -> Option<PackedX> {
+    let (a, segments) = lhs_of(use_, E::view(x)?)?;
+    Some(PackedX {
+        use_,
+        lhs: E::pack(a, &segments)?,
+    })
+}
+
+/// The packing of `packed` if it serves `use_`.
+fn packed_for(packed: Option<&PackedX>, use_: XUse) -> Option<&PackedLhs> {
+    packed.filter(|p| p.use_ == use_).map(|p| &p.lhs)
+}
+
 /// `Y[.., win] = X · W_j (+ b_j)`, written into `y`'s window; `Err(y)` if it cannot run.
+/// `packed` is X packed for the forward ([`pack_x`]), or `None` to pack it now.
 pub(crate) fn forward(
     y: NdArrayTensor,
     x: &NdArrayTensor,
     w_j: &NdArrayTensor,
     b_j: Option<&NdArrayTensor>,
     window: Window,
+    packed: Option<&PackedX>,
 ) -> Result<NdArrayTensor, NdArrayTensor> {
-    by_elem!(x, forward_in(y, x, w_j, b_j, window), Err(y))
+    by_elem!(x, forward_in(y, x, w_j, b_j, window, packed), Err(y))
 }
 
 fn forward_in<E: Elem>(
@@ -104,8 +208,12 @@ fn forward_in<E: Elem>(
     w_j: &NdArrayTensor,
     b_j: Option<&NdArrayTensor>,
     window: Window,
+    packed: Option<&PackedX>,
 ) -> Result<NdArrayTensor, NdArrayTensor> {
-    let (Some(x), Some(w)) = (E::view(x).and_then(matrix), E::view(w_j).and_then(matrix)) else {
+    let (Some((x, segments)), Some(w)) = (
+        E::view(x).and_then(|x| lhs_of(XUse::Forward, x)),
+        E::view(w_j).and_then(matrix),
+    ) else {
         return Err(y);
     };
     let b = match b_j.map(|b| E::view(b).and_then(|v| v.into_dimensionality::<Ix1>().ok())) {
@@ -128,7 +236,10 @@ fn forward_in<E: Elem>(
             .into_shape_with_order((rows, columns_of_y))
             .expect("row-major, checked above");
         let mut block = y2.slice_mut(s![.., window.start..window.start + window.len]);
-        general_mat_mul(E::one(), &x, &w, E::zero(), &mut block);
+        let lhs = packed_for(packed, XUse::Forward);
+        if !E::packed_mul(x, &segments, lhs, w, block.view_mut(), false) {
+            general_mat_mul(E::one(), &x, &w, E::zero(), &mut block);
+        }
         if let Some(b) = b {
             // Burn's linear adds the bias after the product: the same one addition here.
             block += &b;
@@ -187,19 +298,22 @@ fn x_grad_in<E: Elem>(
 }
 
 /// `Xᵀ · dY[.., win]`, summed over the samples of a `[batch, rows, d]` input one at a time
-/// (as [`super::weight_grad_summed`] sums them); `None` if it cannot run.
+/// (as [`super::weight_grad_summed`] sums them); `None` if it cannot run. `packed` is `Xᵀ`
+/// packed for the weight gradient ([`pack_x`]), or `None` to pack it now.
 pub(crate) fn weight_grad(
     x: &NdArrayTensor,
     dy: &NdArrayTensor,
     window: Window,
+    packed: Option<&PackedX>,
 ) -> Option<NdArrayTensor> {
-    by_elem!(x, weight_grad_in(x, dy, window), None)
+    by_elem!(x, weight_grad_in(x, dy, window, packed), None)
 }
 
 fn weight_grad_in<E: Elem>(
     x: &NdArrayTensor,
     dy: &NdArrayTensor,
     window: Window,
+    packed: Option<&PackedX>,
 ) -> Option<NdArrayTensor> {
     let (x, dy) = (E::view(x)?, E::view(dy)?);
     if !x.is_standard_layout() || !dy.is_standard_layout() {
@@ -207,6 +321,23 @@ fn weight_grad_in<E: Elem>(
     }
     let d_in = *x.shape().last()?;
     let mut sum = Array2::<E>::zeros((d_in, window.len));
+    let (xt, segments) = lhs_of(XUse::WeightGrad, x.clone())?;
+    let dy_rows = matrix(dy.clone())?;
+    if dy_rows.nrows() != xt.ncols() {
+        return None;
+    }
+    // Each product added to the running sum, from zero: matrixmultiply's `beta = 1` calls.
+    let lhs = packed_for(packed, XUse::WeightGrad);
+    if E::packed_mul(
+        xt,
+        &segments,
+        lhs,
+        columns(dy_rows, window),
+        sum.view_mut(),
+        true,
+    ) {
+        return Some(E::tensor(sum.into_dyn().into_shared()));
+    }
     match x.ndim() {
         // One product, as Burn's `linear_weight_backward` makes it.
         2 => {
@@ -244,4 +375,43 @@ fn column_view_in<E: Elem>(
     let last = Axis(a.ndim() - 1);
     a.slice_axis_inplace(last, (window.start..window.start + window.len).into());
     Ok(E::tensor(a))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A pass's packing is read, not redone: a clone of X (what each step gets) is the operand
+    /// it was packed from, and a tensor holding the same values elsewhere is not.
+    #[test]
+    fn a_packing_serves_the_tensor_it_came_from() {
+        if !packed_lhs::available() {
+            return;
+        }
+        let tensor = || -> NdArrayTensor {
+            let values = (0..24).map(|v| v as f32).collect();
+            f32::tensor(ArcArray::from_shape_vec(IxDyn(&[2, 3, 4]), values).unwrap())
+        };
+        let x = tensor();
+        for use_ in [XUse::Forward, XUse::WeightGrad] {
+            let packed = pack_x(&x, use_).expect("f32 packs on this CPU");
+            // Panels of 6 rows: X is [6, 4]; `Xᵀ` is [4, 6], padded to 6 rows.
+            let floats = if use_ == XUse::Forward { 6 * 4 } else { 6 * 6 };
+            assert_eq!(packed.bytes(), floats * 4);
+            let step = x.clone();
+            let (a, segments) = lhs_of(use_, f32::view(&step).unwrap()).unwrap();
+            assert!(packed_for(Some(&packed), use_)
+                .unwrap()
+                .packed_from(&a, &segments));
+            let other = if use_ == XUse::Forward {
+                XUse::WeightGrad
+            } else {
+                XUse::Forward
+            };
+            assert!(packed_for(Some(&packed), other).is_none());
+            let elsewhere = tensor();
+            let (b, segments) = lhs_of(use_, f32::view(&elsewhere).unwrap()).unwrap();
+            assert!(!packed.lhs.packed_from(&b, &segments));
+        }
+    }
 }
