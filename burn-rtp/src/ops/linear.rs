@@ -104,7 +104,7 @@ fn backward_pass<B: RotationKernels>(
     let packed = x
         .as_ref()
         .and_then(|x| kernels::pack_x::<B>(x, kernels::XUse::WeightGrad));
-    let _packed_charge = packed
+    let packed_charge = packed
         .as_ref()
         .map(|p| ctx.ledger.charge(Category::Local, p.bytes()));
     let mut own = ring_pass(ctx, op, pass, |j| match &x {
@@ -135,6 +135,7 @@ fn backward_pass<B: RotationKernels>(
         None => Vec::new(),
     })
     .into_iter();
+    drop((packed, packed_charge));
     let dx = acc;
     drop(acc_charge);
     let mut shard = |spec: ShardSpec| {
@@ -201,10 +202,10 @@ fn rotated_forward<B: RotationKernels>(
     let y = kernels::output_for_columns::<B>(&x.get(), spec.last());
     // X packed once for every step (where the backend packs), charged while it lives.
     let packed = kernels::pack_x::<B>(&x.get(), kernels::XUse::Forward);
-    let _packed_charge = packed
+    let packed_charge = packed
         .as_ref()
         .map(|p| ctx.ledger.charge(Category::Local, p.bytes()));
-    let mut y = rotate_columns(
+    let y = rotate_columns(
         ctx,
         "linear.forward",
         bundle,
@@ -224,8 +225,9 @@ fn rotated_forward<B: RotationKernels>(
             kernels::forward_step::<B>(y, x.get(), w_j, b_j, start, packed.as_ref())
         },
         |j| spec.range(j),
-    )
-    .into_local(ctx.clone());
+    );
+    drop((packed, packed_charge));
+    let mut y = y.into_local(ctx.clone());
     if let Some(b) = late_bias {
         y = unary(y, |y| B::float_add(y, broadcastable::<B>(b.get(), ndims)));
     }

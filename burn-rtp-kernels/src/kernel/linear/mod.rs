@@ -53,11 +53,15 @@ pub enum XUse {
 pub struct PackedX {
     pub(crate) use_: XUse,
     pub(crate) lhs: packed_lhs::PackedLhs,
+    /// X itself, held so that its buffer outlives the packing: a step recognises X by the
+    /// address of its first element, which no other tensor can take while X lives (and a
+    /// shared buffer is copied, never written, by any op that would change it).
+    pub(crate) _source: Box<dyn std::any::Any + Send + Sync>,
 }
 
 impl PackedX {
-    /// The bytes the packed copy holds (a buffer the size of X): a caller charges them while
-    /// it keeps the packing.
+    /// The bytes the packed copy holds (X's, its rows padded to a multiple of 6): a caller
+    /// charges them while it keeps the packing.
     pub fn bytes(&self) -> usize {
         self.lhs.bytes()
     }

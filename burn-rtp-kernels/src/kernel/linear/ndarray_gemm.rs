@@ -106,13 +106,10 @@ elem!(
         if !packed_lhs::available() {
             return false;
         }
-        let fresh;
         let lhs = match packed {
-            Some(p) if p.packed_from(&a, segments) => p,
-            _ => {
-                fresh = PackedLhs::pack(a, segments);
-                &fresh
-            }
+            Some(p) if p.packed_from(&a, segments) => packed_lhs::Lhs::Packed(p),
+            // Packed block by block as the GEMM goes, as matrixmultiply does.
+            _ => packed_lhs::Lhs::View(a, segments),
         };
         packed_lhs::gemm(lhs, b, c, accumulate);
         true
@@ -181,6 +178,7 @@ fn pack_x_in<E: Elem>(x: &NdArrayTensor, use_: XUse) -> Option<PackedX> {
     Some(PackedX {
         use_,
         lhs: E::pack(a, &segments)?,
+        _source: Box::new(x.clone()),
     })
 }
 
@@ -321,21 +319,14 @@ fn weight_grad_in<E: Elem>(
     }
     let d_in = *x.shape().last()?;
     let mut sum = Array2::<E>::zeros((d_in, window.len));
-    let (xt, segments) = lhs_of(XUse::WeightGrad, x.clone())?;
-    let dy_rows = matrix(dy.clone())?;
-    if dy_rows.nrows() != xt.ncols() {
-        return None;
-    }
     // Each product added to the running sum, from zero: matrixmultiply's `beta = 1` calls.
-    let lhs = packed_for(packed, XUse::WeightGrad);
-    if E::packed_mul(
-        xt,
-        &segments,
-        lhs,
-        columns(dy_rows, window),
-        sum.view_mut(),
-        true,
-    ) {
+    let packed_sum = lhs_of(XUse::WeightGrad, x.clone()).and_then(|(xt, segments)| {
+        let dy_rows = matrix(dy.clone()).filter(|d| d.nrows() == xt.ncols())?;
+        let lhs = packed_for(packed, XUse::WeightGrad);
+        let dy_win = columns(dy_rows, window);
+        E::packed_mul(xt, &segments, lhs, dy_win, sum.view_mut(), true).then_some(())
+    });
+    if packed_sum.is_some() {
         return Some(E::tensor(sum.into_dyn().into_shared()));
     }
     match x.ndim() {

@@ -13,7 +13,11 @@
 //! of a call that overwrites C, and `C = block + C` for every other block. The one difference
 //! from matrixmultiply is in its edge tiles (the last `m mod 8` rows and `n mod 8` columns).
 //! When a block sums to −0 and C holds −0, matrixmultiply adds +0 and gets +0, while this
-//! kernel gets −0.
+//! kernel gets −0. The Linear steps never hold −0 in C before an add: C starts as a block's
+//! sum plus +0, or as zeros, and a round-to-nearest sum reaches −0 only from two −0s.
+//!
+//! Without an operand packed before ([`Lhs::View`]), a call packs A's rows block by block as
+//! it goes, into a buffer of [`MC`] × [`KC`] floats, as matrixmultiply does.
 //!
 //! It runs only where the CPU has AVX2 and FMA, which is where matrixmultiply takes its FMA
 //! kernel ([`available`]). Elsewhere the callers keep matrixmultiply.
@@ -42,6 +46,56 @@ pub(crate) fn available() -> bool {
     }
 }
 
+/// The blocks of a sum cut at `segments` (which must cover `0..k` in order, each starting
+/// where the last ended), every segment cut further into blocks of [`KC`] terms:
+/// (first term, number of terms).
+fn blocks_of(segments: &[(usize, usize)], k: usize) -> Vec<(usize, usize)> {
+    let mut next = 0;
+    for &(start, len) in segments {
+        assert_eq!(start, next, "segments of a sum follow each other from 0");
+        next = start + len;
+    }
+    assert_eq!(next, k, "the segments of a sum cover its depth");
+    segments
+        .iter()
+        .flat_map(|&(start, len)| {
+            (0..len)
+                .step_by(KC)
+                .map(move |at| (start + at, KC.min(len - at)))
+        })
+        .collect()
+}
+
+/// Packs rows `rows` of `a` and terms `k0..k0 + kl` of its sum into panels of [`MR`] rows,
+/// `kl · MR` floats each (zero past the last row).
+fn pack_lhs_block(
+    a: &ArrayView2<'_, f32>,
+    rows: std::ops::Range<usize>,
+    k0: usize,
+    kl: usize,
+    out: &mut [f32],
+) {
+    let (rs, cs) = (a.strides()[0], a.strides()[1]);
+    let base = a.as_ptr();
+    let panels = rows.len().div_ceil(MR);
+    for (p, panel) in out.chunks_mut(kl * MR).take(panels).enumerate() {
+        let first = rows.start + p * MR;
+        let live = MR.min(rows.end - first);
+        for kk in 0..kl {
+            let column = &mut panel[kk * MR..(kk + 1) * MR];
+            for (i, v) in column.iter_mut().enumerate() {
+                *v = if i < live {
+                    let (r, c) = ((first + i) as isize, (k0 + kk) as isize);
+                    // SAFETY: r < rows.end <= m and c < k0 + kl <= k, inside the view.
+                    unsafe { *base.offset(r * rs + c * cs) }
+                } else {
+                    0.0
+                };
+            }
+        }
+    }
+}
+
 /// A left operand `A` (`[m, k]`) packed in panels of [`MR`] rows, block by block of the sum.
 #[derive(Debug)]
 pub(crate) struct PackedLhs {
@@ -52,9 +106,9 @@ pub(crate) struct PackedLhs {
     /// Where each block's panels start in `data`.
     offsets: Vec<usize>,
     data: Vec<f32>,
-    /// Address of `A`'s first element and the segments, so a caller can check that it was
-    /// packed from the operand at hand, cut the same way.
-    source: usize,
+    /// `A`'s first element and strides, and the segments, so that a caller can check that it
+    /// was packed from the operand at hand, cut the same way.
+    source: (usize, [isize; 2]),
     segments: Vec<(usize, usize)>,
 }
 
@@ -63,38 +117,14 @@ impl PackedLhs {
     /// segment cut into blocks of [`KC`] terms. Segments must cover `0..k` in order.
     pub(crate) fn pack(a: ArrayView2<'_, f32>, segments: &[(usize, usize)]) -> Self {
         let (m, k) = a.dim();
-        let blocks: Vec<(usize, usize)> = segments
-            .iter()
-            .flat_map(|&(start, len)| {
-                (0..len)
-                    .step_by(KC)
-                    .map(move |at| (start + at, KC.min(len - at)))
-            })
-            .collect();
-        assert_eq!(
-            blocks.iter().map(|b| b.1).sum::<usize>(),
-            k,
-            "the segments of a packed operand cover its depth"
-        );
+        let blocks = blocks_of(segments, k);
         let panels = m.div_ceil(MR);
         let mut data = vec![0.0f32; panels * MR * k];
         let mut offsets = Vec::with_capacity(blocks.len());
-        let (rs, cs) = (a.strides()[0], a.strides()[1]);
-        let base = a.as_ptr();
         let mut at = 0;
         for &(k0, kl) in &blocks {
             offsets.push(at);
-            for p in 0..panels {
-                let rows = MR.min(m - p * MR);
-                let panel = &mut data[at + p * kl * MR..at + (p + 1) * kl * MR];
-                for kk in 0..kl {
-                    for i in 0..rows {
-                        let (r, c) = ((p * MR + i) as isize, (k0 + kk) as isize);
-                        // SAFETY: r < m and c < k, inside the view.
-                        panel[kk * MR + i] = unsafe { *base.offset(r * rs + c * cs) };
-                    }
-                }
-            }
+            pack_lhs_block(&a, 0..m, k0, kl, &mut data[at..at + panels * kl * MR]);
             at += panels * kl * MR;
         }
         Self {
@@ -103,7 +133,7 @@ impl PackedLhs {
             blocks,
             offsets,
             data,
-            source: base as usize,
+            source: (a.as_ptr() as usize, [a.strides()[0], a.strides()[1]]),
             segments: segments.to_vec(),
         }
     }
@@ -113,30 +143,45 @@ impl PackedLhs {
         self.data.len() * size_of::<f32>()
     }
 
-    /// Whether this was packed from `a` (same first element and shape), cut at `segments`.
+    /// Whether this was packed from `a` (same first element, shape and strides), cut at
+    /// `segments`.
     pub(crate) fn packed_from(&self, a: &ArrayView2<'_, f32>, segments: &[(usize, usize)]) -> bool {
-        a.as_ptr() as usize == self.source
+        self.source == (a.as_ptr() as usize, [a.strides()[0], a.strides()[1]])
             && a.dim() == (self.m, self.k)
             && self.segments == segments
     }
 }
 
+/// The left operand of [`gemm`]: packed once for many calls, or read where it lies and
+/// packed block by block as the call goes (a buffer of [`MC`] × [`KC`] floats, as
+/// matrixmultiply holds).
+pub(crate) enum Lhs<'a, 'b> {
+    /// Packed before.
+    Packed(&'a PackedLhs),
+    /// `A`, and the segments its sum is cut at.
+    View(ArrayView2<'b, f32>, &'a [(usize, usize)]),
+}
+
 /// `C = A · B`, or `C += A · B` with `accumulate`, block by block of A's sum (module docs).
 /// The caller checked [`available`].
 pub(crate) fn gemm(
-    a: &PackedLhs,
+    a: Lhs<'_, '_>,
     b: ArrayView2<'_, f32>,
     mut c: ArrayViewMut2<'_, f32>,
     accumulate: bool,
 ) {
     assert!(available(), "the packed GEMM needs AVX2 and FMA");
+    let ((m, k), blocks) = match &a {
+        Lhs::Packed(p) => ((p.m, p.k), p.blocks.clone()),
+        Lhs::View(v, segments) => (v.dim(), blocks_of(segments, v.ncols())),
+    };
     let n = b.ncols();
-    assert_eq!(b.nrows(), a.k, "B's rows are A's depth");
-    assert_eq!(c.dim(), (a.m, n), "C is [rows of A, columns of B]");
-    if a.m == 0 || n == 0 {
+    assert_eq!(b.nrows(), k, "B's rows are A's depth");
+    assert_eq!(c.dim(), (m, n), "C is [rows of A, columns of B]");
+    if m == 0 || n == 0 {
         return;
     }
-    if a.k == 0 {
+    if k == 0 {
         // matrixmultiply with no terms: C = βC.
         if !accumulate {
             c.fill(0.0);
@@ -144,22 +189,34 @@ pub(crate) fn gemm(
         return;
     }
     let panels = n.div_ceil(NR);
-    let mut packed_b = vec![0.0f32; panels * NR * KC.min(a.k)];
+    let mut packed_b = vec![0.0f32; panels * NR * KC.min(k)];
+    let mut packed_a = match a {
+        Lhs::Packed(_) => Vec::new(),
+        Lhs::View(..) => vec![0.0f32; MC * KC.min(k)],
+    };
     let (rsc, csc) = (c.strides()[0], c.strides()[1]);
     let c_base = c.as_mut_ptr();
-    for (bi, &(k0, kl)) in a.blocks.iter().enumerate() {
+    for (bi, &(k0, kl)) in blocks.iter().enumerate() {
         pack_rhs(&b, k0, kl, &mut packed_b);
         let add_c = accumulate || bi > 0;
-        let block = &a.data[a.offsets[bi]..];
-        for ic in (0..a.m).step_by(MC) {
-            let block_end = a.m.min(ic + MC);
+        for ic in (0..m).step_by(MC) {
+            let block_end = m.min(ic + MC);
+            // The panels of rows `ic..block_end` for this block, the first one first.
+            let a_block: &[f32] = match &a {
+                Lhs::Packed(p) => &p.data[p.offsets[bi] + (ic / MR) * kl * MR..],
+                Lhs::View(v, _) => {
+                    pack_lhs_block(v, ic..block_end, k0, kl, &mut packed_a);
+                    &packed_a
+                }
+            };
             for jp in 0..panels {
                 let j0 = jp * NR;
                 let cols = NR.min(n - j0);
                 let b_panel = &packed_b[jp * kl * NR..(jp + 1) * kl * NR];
                 for i0 in (ic..block_end).step_by(MR) {
-                    let rows = MR.min(a.m - i0);
-                    let a_panel = &block[(i0 / MR) * kl * MR..(i0 / MR + 1) * kl * MR];
+                    let rows = MR.min(m - i0);
+                    let p = (i0 - ic) / MR;
+                    let a_panel = &a_block[p * kl * MR..(p + 1) * kl * MR];
                     // SAFETY: the tile's rows and columns lie inside C (i0 + rows <= m,
                     // j0 + cols <= n); the panels hold kl·MR and kl·NR floats; the CPU has
                     // AVX2 and FMA (asserted above).
@@ -280,7 +337,7 @@ unsafe fn tile(
 mod tests {
     use super::*;
     use ndarray::linalg::general_mat_mul;
-    use ndarray::{s, Array2};
+    use ndarray::{s, Array2, ShapeBuilder};
 
     /// Values that exercise rounding: mixed signs and magnitudes.
     fn values(n: usize, seed: u32) -> Vec<f32> {
@@ -302,7 +359,7 @@ mod tests {
 
     /// The packed GEMM equals matrixmultiply bit for bit, on windows of C and B read where
     /// they lie, across tile edges, with sums longer than one block, overwriting and
-    /// accumulating.
+    /// accumulating, packed before or as it goes.
     #[test]
     fn equals_matrixmultiply_bit_for_bit() {
         if !available() {
@@ -323,19 +380,28 @@ mod tests {
                 Array2::from_shape_vec((k, n + 5), values(k * (n + 5), seed + 10)).unwrap();
             let b = wide_b.slice(s![.., 2..2 + n]);
             let start = Array2::from_shape_vec((m, n + 3), values(m * (n + 3), seed + 20)).unwrap();
-            let packed = PackedLhs::pack(a.view(), &[(0, k)]);
-            assert!(packed.packed_from(&a.view(), &[(0, k)]));
+            let whole = [(0, k)];
+            let packed = PackedLhs::pack(a.view(), &whole);
+            assert!(packed.packed_from(&a.view(), &whole));
             assert!(!packed.packed_from(&a.view(), &[(0, 1), (1, k - 1)]));
+            if m > 1 && k > 1 {
+                // The same first element read with other strides is another operand.
+                let other = ArrayView2::from_shape((m, k).f(), a.as_slice().unwrap()).unwrap();
+                assert!(!packed.packed_from(&other, &whole));
+            }
             for accumulate in [false, true] {
                 let beta = if accumulate { 1.0 } else { 0.0 };
-                let (mut want, mut got) = (start.clone(), start.clone());
+                let mut want = start.clone();
                 general_mat_mul(1.0, &a, &b, beta, &mut want.slice_mut(s![.., 1..1 + n]));
-                gemm(&packed, b, got.slice_mut(s![.., 1..1 + n]), accumulate);
-                assert_eq!(
-                    bits(&got),
-                    bits(&want),
-                    "m {m} k {k} n {n} accumulate {accumulate}"
-                );
+                for lhs in [Lhs::Packed(&packed), Lhs::View(a.view(), &whole)] {
+                    let mut got = start.clone();
+                    gemm(lhs, b, got.slice_mut(s![.., 1..1 + n]), accumulate);
+                    assert_eq!(
+                        bits(&got),
+                        bits(&want),
+                        "m {m} k {k} n {n} acc {accumulate}"
+                    );
+                }
             }
             // A transposed view packs like any other.
             let at = a.t();
@@ -343,9 +409,11 @@ mod tests {
             let bt = Array2::from_shape_vec((m, n), values(m * n, seed + 30)).unwrap();
             let mut want = Array2::zeros((k, n));
             general_mat_mul(1.0, &at, &bt, 0.0, &mut want);
-            let mut got = Array2::from_elem((k, n), f32::NAN);
-            gemm(&packed_t, bt.view(), got.view_mut(), false);
-            assert_eq!(bits(&got), bits(&want), "transposed, m {m} k {k} n {n}");
+            for lhs in [Lhs::Packed(&packed_t), Lhs::View(at, &[(0, m)])] {
+                let mut got = Array2::from_elem((k, n), f32::NAN);
+                gemm(lhs, bt.view(), got.view_mut(), false);
+                assert_eq!(bits(&got), bits(&want), "transposed, m {m} k {k} n {n}");
+            }
         }
     }
 
@@ -365,8 +433,19 @@ mod tests {
         }
         let segments: Vec<_> = (0..batch).map(|i| (i * seq, seq)).collect();
         let packed = PackedLhs::pack(x.t(), &segments);
-        let mut got = Array2::<f32>::zeros((m, n));
-        gemm(&packed, dy.view(), got.view_mut(), true);
-        assert_eq!(bits(&got), bits(&want));
+        for lhs in [Lhs::Packed(&packed), Lhs::View(x.t(), &segments)] {
+            let mut got = Array2::<f32>::zeros((m, n));
+            gemm(lhs, dy.view(), got.view_mut(), true);
+            assert_eq!(bits(&got), bits(&want));
+        }
+    }
+
+    /// Segments must follow each other from 0 and cover the sum: anything else would read
+    /// outside A.
+    #[test]
+    #[should_panic(expected = "segments of a sum follow each other from 0")]
+    fn segments_that_skip_terms_are_refused() {
+        let a = Array2::<f32>::zeros((3, 4));
+        let _ = PackedLhs::pack(a.view(), &[(1, 4)]);
     }
 }
