@@ -30,6 +30,20 @@ fn travelling_bias(bias: &Option<Layout>) -> Option<ShardSpec> {
     }
 }
 
+/// `x` packed once for every step of a pass that reads it as `use_` (where the backend packs),
+/// with the ledger's charge for the packing, which the pass drops with it when its steps end.
+fn pack_for_pass<B: RotationKernels>(
+    ctx: &RankCtx<B>,
+    x: &Float<B>,
+    use_: kernels::XUse,
+) -> (Option<kernels::PackedX>, Option<Arc<Charge>>) {
+    let packed = kernels::pack_x::<B>(x, use_);
+    let charge = packed
+        .as_ref()
+        .map(|p| ctx.ledger.charge(Category::Local, p.bytes()));
+    (packed, charge)
+}
+
 /// What one backward pass produced.
 struct Grads<B: Backend> {
     dx: Option<Float<B>>,
@@ -100,13 +114,10 @@ fn backward_pass<B: RotationKernels>(
         (false, true) => "linear.backward_weight",
         (false, false) => "linear.backward_bias",
     };
-    // `xᵀ` packed once for every step's dW (where the backend packs), charged while it lives.
-    let packed = x
-        .as_ref()
-        .and_then(|x| kernels::pack_x::<B>(x, kernels::XUse::WeightGrad));
-    let packed_charge = packed
-        .as_ref()
-        .map(|p| ctx.ledger.charge(Category::Local, p.bytes()));
+    let (packed, packed_charge) = match &x {
+        Some(x) => pack_for_pass(ctx, x, kernels::XUse::WeightGrad),
+        None => (None, None),
+    };
     let mut own = ring_pass(ctx, op, pass, |j| match &x {
         // dW_j and db_j from one step (one launch on cube backends).
         Some(x) => {
@@ -200,11 +211,7 @@ fn rotated_forward<B: RotationKernels>(
     };
     let with_bias = bundle.len() == 2;
     let y = kernels::output_for_columns::<B>(&x.get(), spec.last());
-    // X packed once for every step (where the backend packs), charged while it lives.
-    let packed = kernels::pack_x::<B>(&x.get(), kernels::XUse::Forward);
-    let packed_charge = packed
-        .as_ref()
-        .map(|p| ctx.ledger.charge(Category::Local, p.bytes()));
+    let (packed, packed_charge) = pack_for_pass(ctx, &x.get(), kernels::XUse::Forward);
     let y = rotate_columns(
         ctx,
         "linear.forward",

@@ -33,7 +33,7 @@ use ndarray::{
     s, ArcArray, Array2, ArrayView2, ArrayViewD, ArrayViewMut2, Axis, Ix1, Ix3, IxDyn, LinalgScalar,
 };
 
-/// Blocks of a packed sum: (first term, number of terms).
+/// Where a packed operand's sum is cut: (first term, number of terms) per segment.
 type Segments = Vec<(usize, usize)>;
 
 /// The float elements NdArray's tensors hold, and the way to their arrays.
