@@ -5,7 +5,7 @@
 //!
 //! Under MPI (cargo feature `mpi`): `mpirun -np 4 target/release/examples/gpt`
 
-use burn_rtp::{human_bytes, RotationMode, TransportKind};
+use burn_rtp::{human_bytes, MpiProgress, RotationMode, TransportKind};
 use burn_rtp_examples::checkpoint::consolidate_checkpoint;
 use burn_rtp_examples::trainer::StepEvent;
 use burn_rtp_examples::{
@@ -110,6 +110,10 @@ struct TrainArgs {
     /// Seconds a rank waits for a silent peer before it fails.
     #[arg(long)]
     peer_timeout: Option<f64>,
+    /// Under MPI: how each process's communication thread paces its tests of transfers in
+    /// flight (auto | spin | backoff).
+    #[arg(long, default_value = "auto")]
+    mpi_progress: MpiProgress,
     /// out-of-place | in-place
     #[arg(long, default_value = "out-of-place")]
     rotation: RotationMode,
@@ -489,6 +493,7 @@ fn main() -> ExitCode {
         cfg.peer_timeout = Some(std::time::Duration::from_secs_f64(secs));
     }
     cfg.rotation = a.rotation;
+    cfg.mpi_progress = a.mpi_progress;
     cfg.steps = a.steps;
     cfg.batch = a.batch;
     cfg.model = a.model.config();

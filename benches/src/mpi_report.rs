@@ -10,7 +10,7 @@ use burn::backend::{Autodiff, NdArray};
 use burn::module::Module;
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::tensor::backend::Backend;
-use burn_rtp::{human_bytes, Rtp, RtpOptimizer};
+use burn_rtp::{human_bytes, MpiProgress, Rtp, RtpOptimizer};
 use burn_rtp_examples::data::{Corpus, Windows};
 use burn_rtp_examples::{Gpt, GptConfig};
 use serde::{Deserialize, Serialize};
@@ -36,6 +36,9 @@ pub struct Job {
     pub steps: usize,
     /// Where rank 0 writes the [`JobResult`].
     pub out: PathBuf,
+    /// How each process's communication thread paces its tests of transfers in flight.
+    #[serde(default)]
+    pub mpi_progress: MpiProgress,
 }
 
 /// What one job measured, gathered from every rank by rank 0.
@@ -55,6 +58,9 @@ pub struct JobResult {
     /// Each rank's share of wire time hidden behind compute (`None`: no compute intervals,
     /// as in DDP and FSDP, which do not rotate).
     pub overlap: Vec<Option<f64>>,
+    /// Each rank's communication-thread pacing at the end of the job, and why.
+    #[serde(default)]
+    pub progress: Vec<String>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -63,13 +69,17 @@ struct RankFigures {
     rss: u64,
     baseline: u64,
     overlap: Option<f64>,
+    progress: String,
 }
 
 /// Runs `job` as this process's rank of an MPI job (inside `mpirun`).
 pub fn worker(job: &Job) -> Result<(), String> {
     let launched =
         burn_rtp::transport::mpi_launch().ok_or("the MPI worker must be started by mpirun")?;
-    let config = job.variant.config(launched.size);
+    let config = job
+        .variant
+        .config(launched.size)
+        .with_mpi_progress(job.mpi_progress);
     let corpus = Corpus::load(None, job.model.seq).map_err(|e| e.to_string())?;
     let results = burn_rtp::launch::<NdArray, _, _>(config, |device| {
         B::seed(&device, 7);
@@ -108,6 +118,7 @@ pub fn worker(job: &Job) -> Result<(), String> {
             rss: burn_rtp::peak_rss_bytes().unwrap_or(0),
             baseline,
             overlap: burn_rtp::timeline::hidden_transfer_fraction(&timeline),
+            progress: device.transport_progress().unwrap_or_default(),
         };
         let all = device.all_gather_json(&own);
         (rank == 0).then(|| JobResult {
@@ -117,6 +128,7 @@ pub fn worker(job: &Job) -> Result<(), String> {
             peak_rss_bytes: all.iter().map(|f| f.rss).collect(),
             baseline_rss_bytes: all.iter().map(|f| f.baseline).collect(),
             overlap: all.iter().map(|f| f.overlap).collect(),
+            progress: all.into_iter().map(|f| f.progress).collect(),
         })
     })
     .map_err(|e| e.to_string())?;
@@ -159,6 +171,8 @@ pub struct MpiReportConfig {
     pub capacity_candidates: Vec<GptConfig>,
     /// Where the memory planner's predictions are checked against each process's RSS.
     pub planner_grid: Vec<crate::planner_check::PlanPoint>,
+    /// How each process's communication thread paces its tests of transfers in flight.
+    pub mpi_progress: MpiProgress,
 }
 
 impl MpiReportConfig {
@@ -186,6 +200,7 @@ impl MpiReportConfig {
             capacity_limit_bytes: 768 << 20,
             capacity_candidates: crate::report::capacity_candidates(8, 256, 4096),
             planner_grid: crate::planner_check::rss_grid(),
+            mpi_progress: MpiProgress::Auto,
         }
     }
 
@@ -212,6 +227,7 @@ impl MpiReportConfig {
             capacity_limit_bytes: 320 << 20,
             capacity_candidates: crate::report::capacity_candidates(8, 64, 1024),
             planner_grid: crate::planner_check::tiny_grid()[..1].to_vec(),
+            mpi_progress: MpiProgress::Auto,
         }
     }
 }
@@ -284,6 +300,8 @@ struct Cell {
     ledger: Vec<f64>,
     overlap: Vec<f64>,
     params: usize,
+    /// The communication threads' pacings seen across the cell's jobs and ranks.
+    progress: std::collections::BTreeSet<String>,
 }
 
 /// Runs every job and writes `report.json`, `report.md` and the SVG plots; `exe` is the
@@ -310,6 +328,7 @@ pub fn run(
                         warmup: cfg.warmup,
                         steps: cfg.steps,
                         out: scratch.join(format!("{}-{n}-{}.json", c.name, variant.name())),
+                        mpi_progress: cfg.mpi_progress,
                     };
                     let r = run_job(exe, n, &job, None, &[])?.expect("failures are errors here");
                     let step = median(&r.step_s) * 1e3;
@@ -332,6 +351,7 @@ pub fn run(
                             .push(hidden.iter().sum::<f64>() / hidden.len() as f64);
                     }
                     cell.params = r.params;
+                    cell.progress.extend(r.progress);
                 }
             }
         }
@@ -377,6 +397,7 @@ pub fn run(
                 warmup: 0,
                 steps: 3,
                 out: scratch.join(format!("capacity-{}.json", variant.name())),
+                mpi_progress: cfg.mpi_progress,
             };
             let r = run_job(exe, capacity_n, &job, Some(cfg.capacity_limit_bytes), &[])?;
             log(&format!(
@@ -438,6 +459,7 @@ pub fn run(
             "peak_rss_bytes": summary(&cell.rss),
             "ledger_peak_bytes": summary(&cell.ledger),
             "overlap_fraction": if cell.overlap.is_empty() { Value::Null } else { summary(&cell.overlap) },
+            "mpi_progress": cell.progress,
         }));
     }
     headline.insert("planner_max_rel_error_rss".into(), json!(worst_rss));
@@ -457,11 +479,17 @@ pub fn run(
         .map(|(v, m, p)| json!({"strategy": v.name(), "ranks": capacity_n, "d_model": m.d_model, "layers": m.layers, "params": p}))
         .collect::<Vec<_>>());
     report["capacity_limit_bytes_per_process"] = json!(cfg.capacity_limit_bytes);
+    let most = cfg.ranks.iter().copied().max().unwrap_or(0);
+    let cores = std::thread::available_parallelism().map_or(0, |p| p.get());
+    // Each rank runs a compute thread and a communication thread.
+    let sharing = if 2 * most > cores {
+        "ranks share cores, so step times include time-slicing"
+    } else {
+        "a core for each rank's compute and communication threads, unless mpirun's binding (one core per process at -np 2) puts them on one"
+    };
     report["machine_note"] = json!(format!(
-        "{} processes per job on {} cores: ranks share cores, so step times include time-slicing; \
-         RSS is each process's VmHWM; overlap uses the MPI transport's own timestamps of when received bytes were moving",
-        cfg.ranks.iter().max().unwrap_or(&0),
-        std::thread::available_parallelism().map_or(0, |p| p.get())
+        "up to {most} processes per job on {cores} cores: {sharing}; \
+         RSS is each process's VmHWM; overlap uses the MPI transport's own timestamps of when received bytes were moving"
     ));
     std::fs::write(
         cfg.out.join("report.json"),
@@ -503,6 +531,7 @@ pub fn planner_rows(
                 warmup: 0,
                 steps: 2,
                 out: scratch.join(format!("planner-{}.json", variant.name())),
+                mpi_progress: MpiProgress::Auto,
             };
             // The same job under glibc's default allocator and with its mmap threshold fixed.
             let growth = |env: &[(&str, &str)]| -> Result<(u64, u64), String> {
@@ -590,7 +619,11 @@ fn markdown(
         let bound = if lower { "≤" } else { "≥" };
         md += &format!("| `{key}` | {v:.3} | {bound} {target} | {verdict} |\n");
     }
-    md += "\n| config | N | strategy | params | step (ms) median [min–max] | peak RSS / process | ledger peak | overlap |\n|---|---|---|---|---|---|---|---|\n";
+    md += &format!(
+        "\nEach process's communication thread paces its tests of transfers in flight as `--mpi-progress {}` asks (spin: back to back while bytes are in flight; backoff: sleeps of up to 200 µs). The last column shows what each cell's processes ran.\n",
+        cfg.mpi_progress
+    );
+    md += "\n| config | N | strategy | params | step (ms) median [min–max] | peak RSS / process | ledger peak | overlap | MPI progress |\n|---|---|---|---|---|---|---|---|---|\n";
     for ((c, n, v), cell) in cells {
         let span = |x: &[f64]| {
             let lo = x.iter().copied().fold(f64::INFINITY, f64::min);
@@ -598,7 +631,7 @@ fn markdown(
             format!("{:.1} [{lo:.1}–{hi:.1}]", median(x))
         };
         md += &format!(
-            "| {} | {n} | {v} | {} | {} | {} | {} | {} |\n",
+            "| {} | {n} | {v} | {} | {} | {} | {} | {} | {} |\n",
             c.to_uppercase(),
             cell.params,
             span(&cell.step_ms),
@@ -608,7 +641,8 @@ fn markdown(
                 "–".into()
             } else {
                 format!("{:.2}", median(&cell.overlap))
-            }
+            },
+            cell.progress.iter().cloned().collect::<Vec<_>>().join("; ")
         );
     }
     md += &format!(

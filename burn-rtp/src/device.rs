@@ -243,6 +243,12 @@ impl<B: Backend> RtpDevice<B> {
         self.ctx.timeline.take(self.ctx.transport.take_wire())
     }
 
+    /// How this rank's transport waits while bytes are in flight, and why (`None`:
+    /// in-process, where nothing is in flight).
+    pub fn transport_progress(&self) -> Option<String> {
+        self.ctx.transport.progress_policy()
+    }
+
     /// The configuration of the world.
     pub fn config(&self) -> &crate::RtpConfig {
         &self.ctx.config

@@ -205,6 +205,7 @@ where
     let launch = mpi_rank(&config)?;
     let endpoint = MpiEndpoint(std::sync::Arc::new(MpiTransport::start(
         config.peer_timeout,
+        config.mpi_progress,
     )?));
     let rank = Transport::<B::FloatTensorPrimitive>::rank(&endpoint);
     if rank != launch.rank {

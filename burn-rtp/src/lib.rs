@@ -30,7 +30,7 @@ pub use accounting::{
 pub use backend::Rtp;
 pub use burn_rtp_kernels::{set_fused_kernels, KernelPath, RotationKernels};
 pub use config::{
-    check_rank, Chaos, Delivery, RotationMode, RtpConfig, Strategy, TransportKind,
+    check_rank, Chaos, Delivery, MpiProgress, RotationMode, RtpConfig, Strategy, TransportKind,
     DEFAULT_SHARD_THRESHOLD,
 };
 pub use consolidate::{consolidate, gather_module};

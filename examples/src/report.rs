@@ -54,6 +54,10 @@ pub struct Report {
     pub peak_rss_bytes_per_rank: Vec<u64>,
     /// `in-process` (ranks are threads of one process) or `mpi` (one process per rank).
     pub transport: String,
+    /// Under MPI, how each rank's communication thread paced its tests of transfers in
+    /// flight, and why (empty in-process, where nothing is in flight).
+    #[serde(default)]
+    pub mpi_progress_per_rank: Vec<String>,
     /// Single-device model-state bytes (fp32 parameters, gradients, Adam moments) / ranks.
     pub ideal_model_state_bytes_per_rank: u64,
     /// `fused` (the `#[cube]` rotation kernels ran) or `generic` (compositions of Burn ops).
@@ -61,7 +65,7 @@ pub struct Report {
 }
 
 /// The keys a report must have; tests and tools check against this list.
-pub const REPORT_KEYS: [&str; 14] = [
+pub const REPORT_KEYS: [&str; 15] = [
     "strategy",
     "ranks",
     "steps",
@@ -74,6 +78,7 @@ pub const REPORT_KEYS: [&str; 14] = [
     "peak_bytes_per_rank",
     "peak_rss_bytes_per_rank",
     "transport",
+    "mpi_progress_per_rank",
     "ideal_model_state_bytes_per_rank",
     "kernels",
 ];

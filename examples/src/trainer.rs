@@ -10,10 +10,10 @@ use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::tensor::activation::softmax;
 use burn::tensor::backend::Backend;
 use burn::tensor::{ElementConversion, Int, Tensor, TensorData};
-use burn_rtp::RotationKernels;
 use burn_rtp::{
     MemoryStats, RotationMode, Rtp, RtpConfig, RtpDevice, RtpOptimizer, Strategy, TransportKind,
 };
+use burn_rtp::{MpiProgress, RotationKernels};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -72,6 +72,9 @@ pub struct TrainConfig {
     pub transport: Option<TransportKind>,
     /// How long a rank waits for a silent peer before failing (`None`: the decorator's default).
     pub peer_timeout: Option<Duration>,
+    /// Under MPI, how each process's communication thread paces its tests of transfers in
+    /// flight.
+    pub mpi_progress: MpiProgress,
     /// Parameters below this many elements are replicated, not sharded (`None`: the
     /// library's measured default, [`burn_rtp::DEFAULT_SHARD_THRESHOLD`]).
     pub shard_threshold: Option<usize>,
@@ -104,6 +107,7 @@ impl TrainConfig {
             sample_bytes: 0,
             transport: None,
             peer_timeout: None,
+            mpi_progress: MpiProgress::Auto,
             shard_threshold: None,
         }
     }
@@ -287,6 +291,8 @@ struct RankResult {
 struct RankMemory {
     ledger: PeakBytes,
     rss: u64,
+    /// The transport's pacing (MPI only).
+    progress: Option<String>,
 }
 
 /// Mean validation loss over `eval_batches` batches, split across ranks.
@@ -576,6 +582,7 @@ impl RankJob<'_> {
         let own = RankMemory {
             ledger: PeakBytes::from(device.memory_peak()),
             rss: burn_rtp::peak_rss_bytes().unwrap_or(0),
+            progress: device.transport_progress(),
         };
         result.memory = device.all_gather_json(&own);
         // A stopped run was asked to end soon: it skips the sample.
@@ -645,6 +652,7 @@ pub fn train<I: RotationKernels>(
     if let Some(timeout) = cfg.peer_timeout {
         rtp = rtp.with_peer_timeout(timeout);
     }
+    rtp = rtp.with_mpi_progress(cfg.mpi_progress);
     let job = RankJob {
         cfg,
         corpus: &corpus,
@@ -684,6 +692,11 @@ pub fn train<I: RotationKernels>(
         peak_bytes_per_rank: first.memory.iter().map(|m| m.ledger).collect(),
         peak_rss_bytes_per_rank: first.memory.iter().map(|m| m.rss).collect(),
         transport: transport.to_string(),
+        mpi_progress_per_rank: first
+            .memory
+            .iter()
+            .filter_map(|m| m.progress.clone())
+            .collect(),
         ideal_model_state_bytes_per_rank: (first.params * 4 * 4 / world) as u64,
         kernels: I::kernel_path().to_string(),
     };

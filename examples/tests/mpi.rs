@@ -8,7 +8,7 @@
 mod common;
 
 use burn_rtp::RotationMode;
-use burn_rtp_examples::{train, Report, Strategy, TrainConfig};
+use burn_rtp_examples::{train, GptConfig, Report, Strategy, TrainConfig};
 use common::tiny;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -30,6 +30,12 @@ fn child_config() -> TrainConfig {
     }
     if let Ok(secs) = std::env::var("RTP_TEST_PEER_TIMEOUT") {
         cfg.peer_timeout = Some(Duration::from_secs_f64(secs.parse().unwrap()));
+    }
+    if let Ok(d_model) = std::env::var("RTP_TEST_D_MODEL") {
+        cfg.model = GptConfig::new(8, d_model.parse().unwrap(), 1, 4);
+    }
+    if let Ok(progress) = std::env::var("RTP_TEST_MPI_PROGRESS") {
+        cfg.mpi_progress = progress.parse().unwrap();
     }
     cfg
 }
@@ -190,8 +196,56 @@ fn mpi_training_matches_single_device_and_in_process() {
                 report.peak_rss_bytes_per_rank
             );
             assert_eq!(report.peak_bytes_per_rank.len(), np, "{label}");
+            assert_eq!(report.mpi_progress_per_rank.len(), np, "{label}");
         }
     }
+}
+
+/// Over a transport that moves a large message only while both processes call MPI (Open
+/// MPI's shared memory with single copy turned off), `auto` pacing spins: at once where the
+/// host has a core per thread, else from the first large receive that outlived its match.
+/// `backoff` keeps sleeping between tests. The pacing changes when bytes move, not what
+/// arrives: both runs train the same losses.
+#[test]
+fn auto_progress_spins_where_the_transport_needs_calls_to_move_bytes() {
+    let dir = temp_dir("progress");
+    let np = 2;
+    let mut runs = Vec::new();
+    for progress in ["auto", "backoff"] {
+        let report_path = dir.join(format!("{progress}.json"));
+        let out = mpirun(
+            np,
+            "child_train",
+            &[
+                ("RTP_TEST_STRATEGY", "rtp".into()),
+                ("RTP_TEST_ROTATION", "out-of-place".into()),
+                ("RTP_TEST_STEPS", "2".into()),
+                // 256 wide: each rank's MLP shard is 512 KiB, above `LARGE_RECEIVE`.
+                ("RTP_TEST_D_MODEL", "256".into()),
+                ("RTP_TEST_MPI_PROGRESS", progress.into()),
+                ("RTP_TEST_REPORT", report_path.display().to_string()),
+                ("OMPI_MCA_btl_vader_single_copy_mechanism", "none".into()),
+            ],
+        )
+        .output()
+        .unwrap();
+        assert!(out.status.success(), "{progress} failed:\n{}", text(&out));
+        runs.push(read_report(&report_path));
+    }
+    let (auto, backoff) = (&runs[0], &runs[1]);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    for policy in &auto.mpi_progress_per_rank {
+        assert!(policy.starts_with("spin (auto"), "{policy}");
+        if cores < 2 * np {
+            assert!(policy.contains("needed progress calls"), "{policy}");
+        }
+    }
+    assert_eq!(auto.mpi_progress_per_rank.len(), np);
+    for policy in &backoff.mpi_progress_per_rank {
+        assert!(policy.starts_with("backoff (asked"), "{policy}");
+    }
+    assert_eq!(backoff.mpi_progress_per_rank.len(), np);
+    assert_eq!(auto.losses, backoff.losses);
 }
 
 /// Waits for the job to end, at most `limit`.

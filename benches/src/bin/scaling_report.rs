@@ -12,7 +12,7 @@
 //! Config A on wgpu at N = 2, fused kernels against generic (`--features wgpu`): add `--wgpu`;
 //! with `--wgpu-only`, only that section is (re)written.
 
-use burn_rtp::TransportKind;
+use burn_rtp::{MpiProgress, TransportKind};
 use burn_rtp_benches::mpi_report::{self, Job, MpiReportConfig};
 use burn_rtp_benches::report::{check_keys, default_out, run, ReportConfig};
 use clap::Parser;
@@ -43,6 +43,10 @@ struct Cli {
     /// With `--transport mpi`: small models, one job per cell (a few minutes).
     #[arg(long)]
     quick: bool,
+    /// With `--transport mpi`: how each process's communication thread paces its tests of
+    /// transfers in flight (auto | spin | backoff).
+    #[arg(long, default_value = "auto")]
+    mpi_progress: MpiProgress,
     /// Only the memory planner's grid: predictions against the ledger (in-process) or the
     /// resident set (`--transport mpi`), printed, without writing a report.
     #[arg(long)]
@@ -96,6 +100,7 @@ fn main_mpi(cli: &Cli) -> ExitCode {
     if let Some(r) = cli.repeats {
         cfg.repeats = r.max(1);
     }
+    cfg.mpi_progress = cli.mpi_progress;
     let exe = match std::env::current_exe() {
         Ok(exe) => exe,
         Err(e) => {

@@ -6,6 +6,9 @@
 mod in_process;
 #[cfg(feature = "mpi")]
 mod mpi;
+// Pure pacing logic: compiled (and tested) without MPI too.
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+mod progress;
 
 pub use in_process::{HubOptions, InProcessHub, InProcessTransport};
 #[cfg(feature = "mpi")]
@@ -134,5 +137,10 @@ pub trait Transport<T: Send + 'static>: Send + Sync {
     /// to arrive (MPI matched it) to the moment the last byte landed.
     fn take_wire(&self) -> Vec<(std::time::Instant, std::time::Instant)> {
         Vec::new()
+    }
+    /// How this transport waits while bytes are in flight, and why, for reports (`None`:
+    /// nothing to choose, as in-process).
+    fn progress_policy(&self) -> Option<String> {
+        None
     }
 }

@@ -15,7 +15,9 @@
 //! k-th envelope from a peer describes its k-th data message; the header check then catches
 //! programs that diverged.
 
+use super::progress::{Pace, MAX_IDLE};
 use super::{BufferKind, Header, Payload, RecvHandle, SendHandle, Transport};
+use crate::config::MpiProgress;
 use crate::error::{RtpError, RtpResult};
 use burn::tensor::{Bytes, DType, TensorData};
 use mpi::point_to_point::{Destination, Source};
@@ -35,8 +37,6 @@ const DATA: i32 = 0;
 const ABORT: i32 = 1;
 /// Tag of the envelope sent before each tensor's bytes.
 const ENVELOPE: i32 = 2;
-/// Longest sleep of the communication thread between two tests of its requests.
-const MAX_IDLE: Duration = Duration::from_micros(200);
 /// How long after a peer's abort notice transfers with the other peers may still complete:
 /// data already on its way (e.g. the rest of the start-up agreement, which lets every rank
 /// report the disagreement itself) is delivered, then everything pending fails.
@@ -216,6 +216,9 @@ struct Active<T> {
     done: Option<Reply<T>>,
     /// When its bytes started to move: the send was started, or the matched receive was.
     since: Instant,
+    /// Whether it was tested before (a receive still in flight at its first test, right after
+    /// the call that matched it, needs this process's calls to move its bytes).
+    tested: bool,
 }
 
 /// When received bytes were moving, while a rank records its timeline.
@@ -235,6 +238,9 @@ struct Engine {
     /// When pending transfers fail after an abort notice.
     fail_at: Option<Instant>,
     wire: WireLog,
+    pace: Pace,
+    /// The pacing in force, as reports show it.
+    policy: Arc<Mutex<String>>,
 }
 
 impl Engine {
@@ -266,6 +272,7 @@ impl Engine {
                     arrival: None,
                     done: Some(done),
                     since: Instant::now(),
+                    tested: false,
                 });
             }
             Command::Recv { from, done } => match (self.fault(), self.grace_over()) {
@@ -327,13 +334,14 @@ impl Engine {
                     arrival: Some((envelope, len)),
                     done: Some(done),
                     since: matched,
+                    tested: false,
                 });
                 moved = true;
             }
         }
-        moved |= test_all(&mut self.sends, |_, _| (), |_| {});
+        moved |= test_all(&mut self.sends, |_, _| (), |_| {}).0;
         let wire = &self.wire;
-        moved |= test_all(
+        let (received, outlived) = test_all(
             &mut self.receiving,
             |owner, arrival| {
                 let (envelope, len) = arrival.expect("receives carry their envelope");
@@ -352,7 +360,22 @@ impl Engine {
                 }
             },
         );
-        moved
+        if self.pace.receive_outlived_match(outlived) {
+            let policy = self.pace.describe();
+            tracing::debug!(rank = self.rank, %policy, "rtp: MPI progress");
+            *self.policy.lock().unwrap() = policy;
+        }
+        moved | received
+    }
+
+    /// Whether bytes of this rank's may be moving: a matched receive or a tensor's send is
+    /// in flight (envelopes are sent eagerly; unmatched receives wait for their sender).
+    fn data_in_flight(&self) -> bool {
+        !self.receiving.is_empty()
+            || self
+                .sends
+                .iter()
+                .any(|a| matches!(a.buffer.owner, Owner::Data(_)))
     }
 
     /// Receives abort notices; once one came, every waiting receive fails with its reason.
@@ -414,13 +437,15 @@ impl Engine {
 }
 
 /// Tests each request; completed ones are logged (`completed(since)`) and hand their buffer
-/// (mapped by `done_value`) to the rank.
+/// (mapped by `done_value`) to the rank. Returns whether any completed, and the size of the
+/// largest receive still in flight at its first test (0 if none).
 fn test_all<T>(
     active: &mut Vec<Active<T>>,
     done_value: impl Fn(Owner, Option<(Result<Envelope, String>, usize)>) -> T,
     completed: impl Fn(Instant),
-) -> bool {
+) -> (bool, usize) {
     let mut moved = false;
+    let mut outlived = 0;
     let mut i = 0;
     while i < active.len() {
         let Active {
@@ -429,6 +454,7 @@ fn test_all<T>(
             arrival,
             done,
             since,
+            tested,
         } = active.swap_remove(i);
         match request.test() {
             Ok(_) => {
@@ -440,6 +466,9 @@ fn test_all<T>(
                 moved = true;
             }
             Err(request) => {
+                if let (false, Some((_, len))) = (tested, &arrival) {
+                    outlived = outlived.max(*len);
+                }
                 let last = active.len();
                 active.push(Active {
                     request,
@@ -447,17 +476,23 @@ fn test_all<T>(
                     arrival,
                     done,
                     since,
+                    tested: true,
                 });
                 active.swap(i, last);
                 i += 1;
             }
         }
     }
-    moved
+    (moved, outlived)
 }
 
 /// Runs MPI on this thread until asked to finalise.
-fn run(commands: Receiver<Command>, ready: Sender<Result<(usize, usize), String>>, wire: WireLog) {
+fn run(
+    commands: Receiver<Command>,
+    ready: Sender<Result<(usize, usize), String>>,
+    wire: WireLog,
+    (progress, policy): (MpiProgress, Arc<Mutex<String>>),
+) {
     let Some((universe, threading)) = mpi::initialize_with_threading(mpi::Threading::Funneled)
     else {
         let _ = ready.send(Err(
@@ -474,6 +509,10 @@ fn run(commands: Receiver<Command>, ready: Sender<Result<(usize, usize), String>
     }
     let world = universe.world();
     let (rank, size) = (world.rank() as usize, world.size() as usize);
+    let local_ranks = crate::config::mpi_launch().map_or(size, |l| l.local_size);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let pace = Pace::new(progress, local_ranks, cores);
+    *policy.lock().unwrap() = pace.describe();
     let mut engine = Engine {
         world,
         rank,
@@ -484,20 +523,28 @@ fn run(commands: Receiver<Command>, ready: Sender<Result<(usize, usize), String>
         failed: None,
         fail_at: None,
         wire,
+        pace,
+        policy,
     };
     let _ = ready.send(Ok((rank, size)));
-    let mut idle = Duration::from_micros(1);
     let finalize: Option<Sender<()>> = loop {
         let busy = !engine.sends.is_empty()
             || !engine.receiving.is_empty()
             || engine.waiting.iter().any(|q| !q.is_empty());
         // With nothing in flight the thread sleeps until a rank asks for something; with
-        // requests in flight it polls, backing off while nothing moves so that an idle wait
-        // costs little CPU, and wakes at once for a new command.
-        let next = if busy {
-            commands.recv_timeout(idle)
-        } else {
+        // requests in flight it tests them at the pace `progress.rs` sets, and wakes at once
+        // for a new command.
+        let wait = engine.pace.wait(engine.data_in_flight());
+        let next = if !busy {
             commands.recv().map_err(|_| RecvTimeoutError::Disconnected)
+        } else if wait.is_zero() {
+            std::thread::yield_now();
+            commands.try_recv().map_err(|e| match e {
+                mpsc::TryRecvError::Empty => RecvTimeoutError::Timeout,
+                mpsc::TryRecvError::Disconnected => RecvTimeoutError::Disconnected,
+            })
+        } else {
+            commands.recv_timeout(wait)
         };
         let mut finalize = None;
         match next {
@@ -517,11 +564,8 @@ fn run(commands: Receiver<Command>, ready: Sender<Result<(usize, usize), String>
                 return;
             }
         }
-        if engine.progress() {
-            idle = Duration::from_micros(1);
-        } else {
-            idle = (idle * 2).min(MAX_IDLE);
-        }
+        let moved = engine.progress();
+        engine.pace.tested(moved);
         if finalize.is_some() {
             break finalize;
         }
@@ -545,6 +589,8 @@ pub struct MpiTransport {
     thread: Mutex<Option<JoinHandle<()>>>,
     finalized: AtomicBool,
     wire: WireLog,
+    /// The communication thread's pacing, as reports show it.
+    policy: Arc<Mutex<String>>,
 }
 
 impl std::fmt::Debug for MpiTransport {
@@ -554,15 +600,18 @@ impl std::fmt::Debug for MpiTransport {
 }
 
 impl MpiTransport {
-    /// Initialises MPI on a new communication thread; fails if MPI was initialised before.
-    pub fn start(peer_timeout: Duration) -> RtpResult<Self> {
+    /// Initialises MPI on a new communication thread, which paces its tests of transfers in
+    /// flight as `progress` asks; fails if MPI was initialised before.
+    pub fn start(peer_timeout: Duration, progress: MpiProgress) -> RtpResult<Self> {
         let (commands, inbox) = mpsc::channel();
         let (ready, started) = mpsc::channel();
         let wire = WireLog::default();
         let log = wire.clone();
+        let policy = Arc::new(Mutex::new(String::new()));
+        let pacing = (progress, policy.clone());
         let thread = std::thread::Builder::new()
             .name("rtp-mpi".into())
-            .spawn(move || run(inbox, ready, log))
+            .spawn(move || run(inbox, ready, log, pacing))
             .map_err(|e| transport_error(0, "MPI_Init", e.to_string()))?;
         let (rank, size) = match started.recv() {
             Ok(Ok(world)) => world,
@@ -583,6 +632,7 @@ impl MpiTransport {
             thread: Mutex::new(Some(thread)),
             finalized: AtomicBool::new(false),
             wire,
+            policy,
         })
     }
 
@@ -888,6 +938,10 @@ impl<T: Send + 'static> Transport<T> for MpiEndpoint {
             .as_mut()
             .map(std::mem::take)
             .unwrap_or_default()
+    }
+
+    fn progress_policy(&self) -> Option<String> {
+        Some(self.0.policy.lock().unwrap().clone())
     }
 }
 
