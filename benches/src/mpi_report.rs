@@ -118,7 +118,7 @@ pub fn worker(job: &Job) -> Result<(), String> {
             rss: burn_rtp::peak_rss_bytes().unwrap_or(0),
             baseline,
             overlap: burn_rtp::timeline::hidden_transfer_fraction(&timeline),
-            progress: device.transport_progress().unwrap_or_default(),
+            progress: device.progress_policy().unwrap_or_default(),
         };
         let all = device.all_gather_json(&own);
         (rank == 0).then(|| JobResult {

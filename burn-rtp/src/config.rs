@@ -40,9 +40,9 @@ impl std::fmt::Display for RotationMode {
 ///
 /// Over a transport that moves a large message only while both processes call MPI (Open MPI's
 /// shared memory without single-copy support, TCP between hosts), a thread that sleeps between
-/// tests moves a fragment per wake-up: measured at 0.35-0.7 GB/s, against 4-7 GB/s when it
-/// tests back to back. Testing back to back takes a core, though, which a machine with more
-/// ranks than cores needs for compute.
+/// tests moves a fragment per wake-up: measured at about 0.4-1 GB/s. Testing back to back cut
+/// such a job's wire time about 5-fold here, but takes a core, which a machine with more ranks
+/// than cores needs for compute.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum MpiProgress {

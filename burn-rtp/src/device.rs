@@ -245,7 +245,7 @@ impl<B: Backend> RtpDevice<B> {
 
     /// How this rank's transport waits while bytes are in flight, and why (`None`:
     /// in-process, where nothing is in flight).
-    pub fn transport_progress(&self) -> Option<String> {
+    pub fn progress_policy(&self) -> Option<String> {
         self.ctx.transport.progress_policy()
     }
 

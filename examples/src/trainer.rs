@@ -582,7 +582,7 @@ impl RankJob<'_> {
         let own = RankMemory {
             ledger: PeakBytes::from(device.memory_peak()),
             rss: burn_rtp::peak_rss_bytes().unwrap_or(0),
-            progress: device.transport_progress(),
+            progress: device.progress_policy(),
         };
         result.memory = device.all_gather_json(&own);
         // A stopped run was asked to end soon: it skips the sample.

@@ -224,6 +224,8 @@ fn auto_progress_spins_where_the_transport_needs_calls_to_move_bytes() {
                 ("RTP_TEST_D_MODEL", "256".into()),
                 ("RTP_TEST_MPI_PROGRESS", progress.into()),
                 ("RTP_TEST_REPORT", report_path.display().to_string()),
+                // Single copy is a setting of the ob1 message layer's shared-memory transport.
+                ("OMPI_MCA_pml", "ob1".into()),
                 ("OMPI_MCA_btl_vader_single_copy_mechanism", "none".into()),
             ],
         )

@@ -370,12 +370,14 @@ impl Engine {
 
     /// Whether bytes of this rank's may be moving: a matched receive or a tensor's send is
     /// in flight (envelopes are sent eagerly; unmatched receives wait for their sender).
+    /// Requests already failed after a peer's abort notice do not count: to a dead peer they
+    /// never complete, and spinning on them would only take CPU from the surviving ranks.
     fn data_in_flight(&self) -> bool {
-        !self.receiving.is_empty()
+        self.receiving.iter().any(|a| a.done.is_some())
             || self
                 .sends
                 .iter()
-                .any(|a| matches!(a.buffer.owner, Owner::Data(_)))
+                .any(|a| a.done.is_some() && matches!(a.buffer.owner, Owner::Data(_)))
     }
 
     /// Receives abort notices; once one came, every waiting receive fails with its reason.
@@ -430,7 +432,11 @@ impl Engine {
     fn drain(&mut self) {
         while !self.sends.is_empty() || !self.receiving.is_empty() {
             if !self.progress() {
-                std::thread::sleep(MAX_IDLE);
+                if self.pace.wait(self.data_in_flight()).is_zero() {
+                    std::thread::yield_now();
+                } else {
+                    std::thread::sleep(MAX_IDLE);
+                }
             }
         }
     }
@@ -491,7 +497,8 @@ fn run(
     commands: Receiver<Command>,
     ready: Sender<Result<(usize, usize), String>>,
     wire: WireLog,
-    (progress, policy): (MpiProgress, Arc<Mutex<String>>),
+    progress: MpiProgress,
+    policy: Arc<Mutex<String>>,
 ) {
     let Some((universe, threading)) = mpi::initialize_with_threading(mpi::Threading::Funneled)
     else {
@@ -608,10 +615,10 @@ impl MpiTransport {
         let wire = WireLog::default();
         let log = wire.clone();
         let policy = Arc::new(Mutex::new(String::new()));
-        let pacing = (progress, policy.clone());
+        let shown = policy.clone();
         let thread = std::thread::Builder::new()
             .name("rtp-mpi".into())
-            .spawn(move || run(inbox, ready, log, pacing))
+            .spawn(move || run(inbox, ready, log, progress, shown))
             .map_err(|e| transport_error(0, "MPI_Init", e.to_string()))?;
         let (rank, size) = match started.recv() {
             Ok(Ok(world)) => world,

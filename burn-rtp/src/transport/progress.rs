@@ -3,14 +3,15 @@
 //! Open MPI moves a large message only while a thread of each process is inside an MPI call,
 //! except where the receiver can copy the whole message from the sender's memory in the call
 //! that matches it (shared memory with single-copy support: CMA, XPMEM, KNEM). Elsewhere
-//! (shared memory without it, as on a VM that refuses `process_vm_readv`; TCP between hosts)
-//! each test moves a fragment or a socket's worth. A thread that sleeps between tests then
-//! moves a fragment per wake-up. Measured on a 16-core VM without single-copy support (config
-//! B, N=4): about 0.4 GB/s, so a step spent more time on the wire than computing. Here, with
-//! single copy turned off (`btl_vader_single_copy_mechanism=none`, B, N=2), testing back to
-//! back halved the step time. But a spinning thread takes a core, which a host with more
-//! threads than cores needs for compute: with single copy on, 4 ranks on 2 cores ran 7%
-//! slower when their threads spun. So [`MpiProgress::Auto`] spins only where it pays.
+//! (shared memory without it; TCP between hosts) each test moves a fragment or a socket's
+//! worth. A thread that sleeps between tests then moves a fragment per wake-up. On a 16-core
+//! VM whose transfers looked like that (most likely no single copy; not checked there),
+//! config B at N=4 moved about 0.4 GB/s, so a step spent more time on the wire than
+//! computing. Here, with single copy turned off (`btl_vader_single_copy_mechanism=none`, B,
+//! N=2), testing back to back cut the step time to 0.44 of what it was. But a spinning thread
+//! takes a core, which a host with more threads than cores needs for compute: with single
+//! copy on, 4 ranks on 2 cores ran 7% slower when their threads spun. So
+//! [`MpiProgress::Auto`] spins only where it pays.
 
 use crate::config::MpiProgress;
 use crate::human_bytes;
@@ -37,9 +38,9 @@ pub(crate) struct Pace {
 }
 
 impl Pace {
-    /// The pacing `asked` for, with `cores` cores available to this process (its affinity:
-    /// `mpirun` binds a process to one core at `-np` 1-2, more widely above) shared by
-    /// `local_ranks` processes.
+    /// The pacing `asked` for, with `cores` cores available to this process (its CPU
+    /// affinity: Open MPI's `mpirun` binds a process to one core at `-np` 1-2, more widely
+    /// above) and `local_ranks` processes on this host.
     pub(crate) fn new(asked: MpiProgress, local_ranks: usize, cores: usize) -> Self {
         Self {
             asked,
@@ -50,7 +51,9 @@ impl Pace {
         }
     }
 
-    /// Whether the host has a core for each local rank's compute and communication threads.
+    /// Whether this process's cores number at least two per rank on the host: a core for
+    /// each rank's compute and communication threads. Conservative where a launcher binds
+    /// several ranks to a shared set (each is then counted against the whole host).
     fn cores_to_spare(&self) -> bool {
         2 * self.local_ranks <= self.cores
     }
