@@ -444,7 +444,7 @@ pub fn run(
         json!(capacity[1].2 as f64 / capacity[0].2 as f64),
     );
 
-    let planner_rows = planner_rows(&cfg.planner_grid, exe, &scratch, log)?;
+    let planner_rows = planner_rows(&cfg.planner_grid, cfg.mpi_progress, exe, &scratch, log)?;
     let worst_rss = planner_rows
         .iter()
         .filter_map(|r| r["rel_error_rss"].as_f64())
@@ -509,9 +509,11 @@ pub fn run(
 const FIXED_MMAP_THRESHOLD: (&str, &str) = ("MALLOC_MMAP_THRESHOLD_", "131072");
 
 /// The memory planner, probed in this process at N = 1, against each grid point's RSS
-/// growth under mpirun (rank 0's `VmHWM` minus its value just before the model was built).
+/// growth under mpirun (rank 0's `VmHWM` minus its value just before the model was built),
+/// each job's communication thread paced as `mpi_progress` asks.
 pub fn planner_rows(
     grid: &[crate::planner_check::PlanPoint],
+    mpi_progress: MpiProgress,
     exe: &Path,
     scratch: &Path,
     log: &dyn Fn(&str),
@@ -531,7 +533,7 @@ pub fn planner_rows(
                 warmup: 0,
                 steps: 2,
                 out: scratch.join(format!("planner-{}.json", variant.name())),
-                mpi_progress: MpiProgress::Auto,
+                mpi_progress,
             };
             // The same job under glibc's default allocator and with its mmap threshold fixed.
             let growth = |env: &[(&str, &str)]| -> Result<(u64, u64), String> {

@@ -116,7 +116,13 @@ fn main_mpi(cli: &Cli) -> ExitCode {
             eprintln!("error: cannot create {}: {e}", scratch.display());
             return ExitCode::FAILURE;
         }
-        return match mpi_report::planner_rows(&cfg.planner_grid, &exe, &scratch, &log) {
+        return match mpi_report::planner_rows(
+            &cfg.planner_grid,
+            cfg.mpi_progress,
+            &exe,
+            &scratch,
+            &log,
+        ) {
             Ok(rows) => {
                 println!(
                     "{}",
