@@ -483,7 +483,7 @@ pub fn run(
     let cores = std::thread::available_parallelism().map_or(0, |p| p.get());
     // Each rank runs a compute thread and a communication thread.
     let sharing = if 2 * most > cores {
-        "ranks share cores, so step times include time-slicing"
+        "ranks share cores, so step times include time-slicing, and a message's copy (CPU work of the receiving process) can overlap compute only by taking turns with it on a core"
     } else {
         "a core for each rank's compute and communication threads, unless mpirun's binding (one core per process at -np 2) puts them on one"
     };
@@ -622,7 +622,7 @@ fn markdown(
         md += &format!("| `{key}` | {v:.3} | {bound} {target} | {verdict} |\n");
     }
     md += &format!(
-        "\nEach process's communication thread paces its tests of transfers in flight as `--mpi-progress {}` asks (spin: back to back while bytes are in flight; backoff: sleeps of up to 200 µs). The last column shows what each cell's processes ran.\n",
+        "\nEach process's communication thread paces its tests of transfers in flight as `--mpi-progress {}` asks (spin: back to back while bytes are in flight; backoff: sleeps of up to 200 µs), and asks the kernel for a 100 µs scheduler slice, so that it gets a core as soon as it wakes (taken on Linux 6.12 and later). The last column shows what each cell's processes ran.\n",
         cfg.mpi_progress
     );
     md += "\n| config | N | strategy | params | step (ms) median [min–max] | peak RSS / process | ledger peak | overlap | MPI progress |\n|---|---|---|---|---|---|---|---|---|\n";

@@ -6,7 +6,8 @@
 //! only way the rest of the crate moves tensors, so the rule holds everywhere:
 //!
 //! 1. post the receives;
-//! 2. start the sends;
+//! 2. start the sends (and flush the transport, which may hold posted calls to issue them
+//!    together);
 //! 3. run the caller's compute;
 //! 4. wait for the sends and the receives.
 //!
@@ -277,6 +278,8 @@ pub(crate) fn exchange<B: Backend, R>(
         })
         .collect();
     drop(read);
+    // Every receive and send of the exchange is issued before the compute starts.
+    ctx.check(ctx.transport.flush());
     let out = compute();
     for s in started {
         finish(ctx, s);

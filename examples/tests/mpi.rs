@@ -205,7 +205,8 @@ fn mpi_training_matches_single_device_and_in_process() {
 /// MPI's shared memory with single copy turned off), `auto` pacing spins: at once where the
 /// host has a core per thread, else from the first large receive that outlived its match.
 /// `backoff` keeps sleeping between tests. The pacing changes when bytes move, not what
-/// arrives: both runs train the same losses.
+/// arrives: both runs train the same losses. Where the kernel takes it, every rank's
+/// communication thread runs with the short scheduler slice it asks for.
 #[test]
 fn auto_progress_spins_where_the_transport_needs_calls_to_move_bytes() {
     let dir = temp_dir("progress");
@@ -248,6 +249,23 @@ fn auto_progress_spins_where_the_transport_needs_calls_to_move_bytes() {
     }
     assert_eq!(backoff.mpi_progress_per_rank.len(), np);
     assert_eq!(auto.losses, backoff.losses);
+    // Linux 6.12 and later give the communication thread the short slice it asks for.
+    if kernel_at_least(6, 12) {
+        for policy in runs.iter().flat_map(|r| &r.mpi_progress_per_rank) {
+            assert!(policy.ends_with("; 100 µs scheduler slice"), "{policy}");
+        }
+    }
+}
+
+/// Whether the running Linux kernel is at least `major.minor`.
+fn kernel_at_least(major: u32, minor: u32) -> bool {
+    let Ok(release) = std::fs::read_to_string("/proc/sys/kernel/osrelease") else {
+        return false;
+    };
+    let mut parts = release
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|p| p.parse::<u32>().ok());
+    (parts.next(), parts.next()) >= (Some(major), Some(minor))
 }
 
 /// Waits for the job to end, at most `limit`.

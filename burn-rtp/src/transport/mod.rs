@@ -9,6 +9,8 @@ mod mpi;
 // Pure pacing logic: compiled (and tested) without MPI too.
 #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
 mod progress;
+#[cfg(feature = "mpi")]
+mod sched;
 
 pub use in_process::{HubOptions, InProcessHub, InProcessTransport};
 #[cfg(feature = "mpi")]
@@ -126,6 +128,13 @@ pub trait Transport<T: Send + 'static>: Send + Sync {
     ) -> RtpResult<Box<dyn SendHandle>>;
     /// Posts a receive of the message `expect` from rank `from`.
     fn irecv(&self, from: usize, expect: Header) -> RtpResult<Box<dyn RecvHandle<T>>>;
+    /// Issues the receives and sends posted since the last flush. A transport may hold them
+    /// until then (or until a wait), to issue an exchange's calls together; MPI's does, so
+    /// that its communication thread starts the send before it copies the message that
+    /// arrived for the same exchange.
+    fn flush(&self) -> RtpResult<()> {
+        Ok(())
+    }
     /// Tells every rank that this one failed, so that nobody waits for it.
     fn abort(&self, reason: &str);
     /// Tells every rank that this one finished its program.

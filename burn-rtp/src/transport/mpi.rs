@@ -80,6 +80,10 @@ enum Command {
         from: i32,
         done: Reply<Arrival>,
     },
+    /// Commands issued together: the thread takes them all before it tests anything, so an
+    /// exchange's send is started before the thread spends a single-copy transport's time
+    /// copying the message that arrived for the same exchange.
+    Batch(Vec<Command>),
     /// Completes what is in flight, then finalises MPI.
     Finalize {
         done: Sender<()>,
@@ -281,6 +285,13 @@ impl Engine {
                 }
                 _ => self.waiting[from as usize].push_back(done),
             },
+            Command::Batch(commands) => {
+                let mut finalize = None;
+                for command in commands {
+                    finalize = finalize.or(self.accept(command));
+                }
+                return finalize;
+            }
             Command::Finalize { done } => return Some(done),
         }
         None
@@ -500,6 +511,8 @@ fn run(
     progress: MpiProgress,
     policy: Arc<Mutex<String>>,
 ) {
+    // Before MPI starts its own threads, which would not inherit it.
+    let slice = super::sched::request_short_slice();
     let Some((universe, threading)) = mpi::initialize_with_threading(mpi::Threading::Funneled)
     else {
         let _ = ready.send(Err(
@@ -518,7 +531,8 @@ fn run(
     let (rank, size) = (world.rank() as usize, world.size() as usize);
     let local_ranks = crate::config::mpi_launch().map_or(size, |l| l.local_size);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let pace = Pace::new(progress, local_ranks, cores);
+    let mut pace = Pace::new(progress, local_ranks, cores);
+    pace.set_slice(slice);
     *policy.lock().unwrap() = pace.describe();
     let mut engine = Engine {
         world,
@@ -593,6 +607,9 @@ pub struct MpiTransport {
     size: usize,
     timeout: Duration,
     commands: Mutex<Option<Sender<Command>>>,
+    /// Receives posted since the last send or wait: they reach the communication thread
+    /// together with the exchange's sends, in one [`Command::Batch`].
+    pending: Mutex<Vec<Command>>,
     thread: Mutex<Option<JoinHandle<()>>>,
     finalized: AtomicBool,
     wire: WireLog,
@@ -636,6 +653,7 @@ impl MpiTransport {
             size,
             timeout: peer_timeout,
             commands: Mutex::new(Some(commands)),
+            pending: Mutex::new(Vec::new()),
             thread: Mutex::new(Some(thread)),
             finalized: AtomicBool::new(false),
             wire,
@@ -646,15 +664,37 @@ impl MpiTransport {
     fn submit(&self, command: Command, op: &str) -> RtpResult<()> {
         let guard = self.commands.lock().unwrap();
         let Some(commands) = guard.as_ref() else {
-            return Err(transport_error(
-                self.rank,
-                op,
-                "MPI has already been finalised for this process".into(),
-            ));
+            return Err(self.finalised(op));
         };
         commands
             .send(command)
             .map_err(|_| transport_error(self.rank, op, "the MPI thread is gone".into()))
+    }
+
+    fn finalised(&self, op: &str) -> RtpError {
+        transport_error(
+            self.rank,
+            op,
+            "MPI has already been finalised for this process".into(),
+        )
+    }
+
+    /// Holds `command` until the next [`flush`](Self::flush).
+    fn queue(&self, command: Command, op: &str) -> RtpResult<()> {
+        if self.commands.lock().unwrap().is_none() {
+            return Err(self.finalised(op));
+        }
+        self.pending.lock().unwrap().push(command);
+        Ok(())
+    }
+
+    /// Hands every held command to the communication thread at once.
+    fn flush(&self, op: &str) -> RtpResult<()> {
+        let held = std::mem::take(&mut *self.pending.lock().unwrap());
+        if held.is_empty() {
+            return Ok(());
+        }
+        self.submit(Command::Batch(held), op)
     }
 
     /// Completes every transfer and finalises MPI; later sends and receives fail.
@@ -663,6 +703,7 @@ impl MpiTransport {
             return Ok(());
         }
         let (done, finished) = mpsc::channel();
+        self.flush("MPI_Finalize")?;
         self.submit(Command::Finalize { done }, "MPI_Finalize")?;
         let _ = finished.recv();
         self.commands.lock().unwrap().take();
@@ -679,6 +720,8 @@ impl MpiTransport {
         peer: usize,
         op: &str,
     ) -> RtpResult<T> {
+        // The reply may depend on commands still held here (this rank's own receive).
+        self.flush(op)?;
         let started = Instant::now();
         loop {
             let left = self.timeout.saturating_sub(started.elapsed());
@@ -850,7 +893,7 @@ impl<T: Send + 'static> Transport<T> for MpiEndpoint {
         ]
         .map(|(tag, buffer)| {
             let (done, reply) = mpsc::channel();
-            let sent = self.0.submit(
+            let queued = self.0.queue(
                 Command::Send {
                     to: to as i32,
                     tag,
@@ -859,11 +902,11 @@ impl<T: Send + 'static> Transport<T> for MpiEndpoint {
                 },
                 &op,
             );
-            (sent, reply)
+            (queued, reply)
         });
-        let [(envelope_sent, envelope), (data_sent, data)] = replies;
-        envelope_sent?;
-        data_sent?;
+        let [(envelope_queued, envelope), (data_queued, data)] = replies;
+        envelope_queued?;
+        data_queued?;
         Ok(Box::new(MpiSend {
             transport: self.0.clone(),
             to,
@@ -876,7 +919,7 @@ impl<T: Send + 'static> Transport<T> for MpiEndpoint {
     fn irecv(&self, from: usize, expect: Header) -> RtpResult<Box<dyn RecvHandle<T>>> {
         crate::config::check_rank(from, self.0.size)?;
         let (done, reply) = mpsc::channel();
-        self.0.submit(
+        self.0.queue(
             Command::Recv {
                 from: from as i32,
                 done,
@@ -945,6 +988,10 @@ impl<T: Send + 'static> Transport<T> for MpiEndpoint {
             .as_mut()
             .map(std::mem::take)
             .unwrap_or_default()
+    }
+
+    fn flush(&self) -> RtpResult<()> {
+        self.0.flush("flush")
     }
 
     fn progress_policy(&self) -> Option<String> {

@@ -35,6 +35,8 @@ pub(crate) struct Pace {
     needed_calls: Option<usize>,
     /// The sleep before the next test while backing off.
     idle: Duration,
+    /// The scheduler slice the thread obtained (`sched.rs`); `None`: the kernel's own.
+    slice: Option<Duration>,
 }
 
 impl Pace {
@@ -48,7 +50,13 @@ impl Pace {
             cores,
             needed_calls: None,
             idle: Duration::from_micros(1),
+            slice: None,
         }
+    }
+
+    /// Notes the scheduler slice the thread obtained, for reports.
+    pub(crate) fn set_slice(&mut self, slice: Option<Duration>) {
+        self.slice = slice;
     }
 
     /// Whether this process's cores number at least two per rank on the host: a core for
@@ -103,6 +111,16 @@ impl Pace {
             "{} core(s) for {} local rank(s)",
             self.cores, self.local_ranks
         );
+        let slice = match self.slice {
+            Some(slice) => format!("{} µs scheduler slice", slice.as_micros()),
+            None => "the kernel's scheduler slice".to_string(),
+        };
+        let policy = self.policy(&host);
+        format!("{policy}; {slice}")
+    }
+
+    /// The policy in force and why, without the scheduler slice.
+    fn policy(&self, host: &str) -> String {
         match (self.asked, self.spins()) {
             (MpiProgress::Auto, true) => match self.needed_calls {
                 Some(bytes) if !self.cores_to_spare() => format!(
@@ -153,13 +171,14 @@ mod tests {
         spin.receive_outlived_match(LARGE_RECEIVE);
         assert!(spin.spins());
         assert!(!backoff.spins());
+        backoff.set_slice(Some(Duration::from_micros(100)));
         assert_eq!(
             spin.describe(),
-            "spin (asked; 2 core(s) for 8 local rank(s))"
+            "spin (asked; 2 core(s) for 8 local rank(s)); the kernel's scheduler slice"
         );
         assert_eq!(
             backoff.describe(),
-            "backoff (asked; 64 core(s) for 1 local rank(s))"
+            "backoff (asked; 64 core(s) for 1 local rank(s)); 100 µs scheduler slice"
         );
     }
 
