@@ -644,7 +644,11 @@ fn markdown(
             } else {
                 format!("{:.2}", median(&cell.overlap))
             },
-            cell.progress.iter().cloned().collect::<Vec<_>>().join("; ")
+            cell.progress
+                .iter()
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(" \\| ")
         );
     }
     md += &format!(

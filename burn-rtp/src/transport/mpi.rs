@@ -511,7 +511,7 @@ fn run(
     progress: MpiProgress,
     policy: Arc<Mutex<String>>,
 ) {
-    // Before MPI starts its own threads, which would not inherit it.
+    // Before MPI starts its own threads, which inherit it: they too work in short bursts.
     let slice = super::sched::request_short_slice();
     let Some((universe, threading)) = mpi::initialize_with_threading(mpi::Threading::Funneled)
     else {
@@ -607,8 +607,8 @@ pub struct MpiTransport {
     size: usize,
     timeout: Duration,
     commands: Mutex<Option<Sender<Command>>>,
-    /// Receives posted since the last send or wait: they reach the communication thread
-    /// together with the exchange's sends, in one [`Command::Batch`].
+    /// Receives and sends posted since the last flush, wait or finalisation: they reach the
+    /// communication thread together, in one [`Command::Batch`].
     pending: Mutex<Vec<Command>>,
     thread: Mutex<Option<JoinHandle<()>>>,
     finalized: AtomicBool,
@@ -688,13 +688,14 @@ impl MpiTransport {
         Ok(())
     }
 
-    /// Hands every held command to the communication thread at once.
+    /// Hands every held command to the communication thread at once. The lock is held until
+    /// the batch is in the channel, so that batches arrive in the order they were taken.
     fn flush(&self, op: &str) -> RtpResult<()> {
-        let held = std::mem::take(&mut *self.pending.lock().unwrap());
-        if held.is_empty() {
+        let mut pending = self.pending.lock().unwrap();
+        if pending.is_empty() {
             return Ok(());
         }
-        self.submit(Command::Batch(held), op)
+        self.submit(Command::Batch(std::mem::take(&mut *pending)), op)
     }
 
     /// Completes every transfer and finalises MPI; later sends and receives fail.
@@ -1046,6 +1047,54 @@ mod tests {
             let (_, data) = decode(arrival(dtype, vec![5], elems, 5 * dtype.size())).unwrap();
             assert_eq!(data.as_bytes().len(), 5 * dtype.size());
         }
+    }
+
+    /// A singleton MPI world (this process alone, without `mpirun`) sending to itself: a wait
+    /// issues the calls the transport still holds (without it, the receive would never be
+    /// posted and the wait would time out), batches reach MPI in the order they were flushed,
+    /// and once MPI is finalised, posting fails instead of being held.
+    #[test]
+    fn waits_issue_held_calls_and_batches_keep_their_order() {
+        let transport = Arc::new(
+            MpiTransport::start(Duration::from_secs(20), MpiProgress::Auto)
+                .expect("a singleton MPI world starts without mpirun"),
+        );
+        assert_eq!((transport.rank, transport.size), (0, 1));
+        let endpoint = MpiEndpoint(transport.clone());
+        let header = |part| Header {
+            seq: 1,
+            op: Cow::Borrowed("test"),
+            part,
+            shape: vec![2],
+        };
+        let payload = |v: f32| Payload::<()>::Host(Arc::new(TensorData::new(vec![v, -v], [2])));
+        let send = |part, v| {
+            Transport::<()>::isend(&endpoint, 0, header(part), payload(v), Vec::new()).unwrap()
+        };
+        let first = send(0, 1.0);
+        Transport::<()>::flush(&endpoint).unwrap();
+        let second = send(1, 2.0);
+        let receives =
+            [0, 1].map(|part| Transport::<()>::irecv(&endpoint, 0, header(part)).unwrap());
+        // No flush: the first wait must issue the second send and both receives.
+        for (received, v) in receives.into_iter().zip([1.0f32, 2.0]) {
+            let Payload::Host(data) = received.wait().unwrap() else {
+                panic!("MPI receives host data")
+            };
+            assert_eq!(
+                data.to_vec::<f32>().unwrap(),
+                vec![v, -v],
+                "batches kept their order"
+            );
+        }
+        first.wait().unwrap();
+        second.wait().unwrap();
+        transport.finalize().unwrap();
+        let late = Transport::<()>::irecv(&endpoint, 0, header(2));
+        assert!(
+            late.is_err(),
+            "a receive posted after finalisation must fail"
+        );
     }
 
     /// A length other than the envelope's, or an unreadable envelope, is an error, not data.
