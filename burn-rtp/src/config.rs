@@ -3,6 +3,44 @@
 use crate::error::{RtpError, RtpResult};
 use std::time::Duration;
 
+/// `FromStr` and `Display` for a configuration enum, from one table: each variant's name (what
+/// `Display` writes), then the aliases it also parses from. An unknown name is an error that
+/// lists the names.
+macro_rules! named {
+    ($ty:ty, $what:literal, { $($variant:ident => $name:literal $(| $alias:literal)*),+ $(,)? }) => {
+        impl std::str::FromStr for $ty {
+            type Err = String;
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                match s {
+                    $($name $(| $alias)* => Ok(Self::$variant),)+
+                    other => Err(format!(
+                        "unknown {} `{other}`: expected {}",
+                        $what,
+                        one_of(&[$($name),+])
+                    )),
+                }
+            }
+        }
+
+        impl std::fmt::Display for $ty {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(match self {
+                    $(Self::$variant => $name,)+
+                })
+            }
+        }
+    };
+}
+
+/// "`a`, `b` or `c`".
+fn one_of(names: &[&str]) -> String {
+    let quoted: Vec<String> = names.iter().map(|n| format!("`{n}`")).collect();
+    match quoted.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+        _ => quoted.concat(),
+    }
+}
+
 /// How weight shards travel around the ring.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -14,27 +52,10 @@ pub enum RotationMode {
     InPlace,
 }
 
-impl std::str::FromStr for RotationMode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "out-of-place" | "outofplace" | "oop" => Ok(Self::OutOfPlace),
-            "in-place" | "inplace" => Ok(Self::InPlace),
-            other => Err(format!(
-                "unknown rotation mode `{other}`: expected `out-of-place` or `in-place`"
-            )),
-        }
-    }
-}
-
-impl std::fmt::Display for RotationMode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::OutOfPlace => "out-of-place",
-            Self::InPlace => "in-place",
-        })
-    }
-}
+named!(RotationMode, "rotation mode", {
+    OutOfPlace => "out-of-place" | "outofplace" | "oop",
+    InPlace => "in-place" | "inplace",
+});
 
 /// How the MPI transport's communication thread waits while bytes are in flight.
 ///
@@ -57,29 +78,11 @@ pub enum MpiProgress {
     Backoff,
 }
 
-impl std::str::FromStr for MpiProgress {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "auto" => Ok(Self::Auto),
-            "spin" => Ok(Self::Spin),
-            "backoff" => Ok(Self::Backoff),
-            other => Err(format!(
-                "unknown MPI progress policy `{other}`: expected `auto`, `spin` or `backoff`"
-            )),
-        }
-    }
-}
-
-impl std::fmt::Display for MpiProgress {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::Auto => "auto",
-            Self::Spin => "spin",
-            Self::Backoff => "backoff",
-        })
-    }
-}
+named!(MpiProgress, "MPI progress policy", {
+    Auto => "auto",
+    Spin => "spin",
+    Backoff => "backoff",
+});
 
 /// How parameters are placed and moved: RTP, or one of the two baselines it is measured against.
 /// (Single-device training is `Ddp` on one rank: every parameter whole, nothing exchanged.)
@@ -96,29 +99,11 @@ pub enum Strategy {
     Ddp,
 }
 
-impl std::str::FromStr for Strategy {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "rtp" => Ok(Self::Rtp),
-            "fsdp" | "zero3" => Ok(Self::Fsdp),
-            "ddp" => Ok(Self::Ddp),
-            other => Err(format!(
-                "unknown strategy `{other}`: expected `rtp`, `fsdp` or `ddp`"
-            )),
-        }
-    }
-}
-
-impl std::fmt::Display for Strategy {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::Rtp => "rtp",
-            Self::Fsdp => "fsdp",
-            Self::Ddp => "ddp",
-        })
-    }
-}
+named!(Strategy, "strategy", {
+    Rtp => "rtp",
+    Fsdp => "fsdp" | "zero3",
+    Ddp => "ddp",
+});
 
 /// Settings shared by every rank of a world.
 #[derive(Debug, Clone)]
@@ -162,27 +147,10 @@ pub enum TransportKind {
     Mpi,
 }
 
-impl std::str::FromStr for TransportKind {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "in-process" | "inprocess" => Ok(Self::InProcess),
-            "mpi" => Ok(Self::Mpi),
-            other => Err(format!(
-                "unknown transport `{other}`: expected `in-process` or `mpi`"
-            )),
-        }
-    }
-}
-
-impl std::fmt::Display for TransportKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::InProcess => "in-process",
-            Self::Mpi => "mpi",
-        })
-    }
-}
+named!(TransportKind, "transport", {
+    InProcess => "in-process" | "inprocess",
+    Mpi => "mpi",
+});
 
 impl TransportKind {
     /// What the environment asks for: MPI when `mpirun` started this process, else in-process.
@@ -386,4 +354,38 @@ pub fn mpi_launch() -> Option<MpiLaunch> {
         size,
         local_size,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every variant parses back from the name it prints, aliases parse too, and an unknown
+    /// name's error lists every name.
+    #[test]
+    fn names_round_trip_and_errors_list_them() {
+        fn round_trip<T>(all: &[T])
+        where
+            T: std::str::FromStr<Err = String> + std::fmt::Display + PartialEq + std::fmt::Debug,
+        {
+            for v in all {
+                assert_eq!(v.to_string().parse::<T>().as_ref(), Ok(v));
+            }
+        }
+        round_trip(&[RotationMode::OutOfPlace, RotationMode::InPlace]);
+        round_trip(&[MpiProgress::Auto, MpiProgress::Spin, MpiProgress::Backoff]);
+        round_trip(&[Strategy::Rtp, Strategy::Fsdp, Strategy::Ddp]);
+        round_trip(&[TransportKind::InProcess, TransportKind::Mpi]);
+        assert_eq!("oop".parse(), Ok(RotationMode::OutOfPlace));
+        assert_eq!("zero3".parse(), Ok(Strategy::Fsdp));
+        assert_eq!("inprocess".parse(), Ok(TransportKind::InProcess));
+        assert_eq!(
+            "dp".parse::<Strategy>().unwrap_err(),
+            "unknown strategy `dp`: expected `rtp`, `fsdp` or `ddp`"
+        );
+        assert_eq!(
+            "tcp".parse::<TransportKind>().unwrap_err(),
+            "unknown transport `tcp`: expected `in-process` or `mpi`"
+        );
+    }
 }
