@@ -5,17 +5,16 @@
 //! transfer, so a burst that waits for a core delays a transfer that could have moved during
 //! the compute. Linux's EEVDF scheduler (6.6 and later) lets a running thread finish its slice
 //! (0.75 ms times 1 + log2 of the core count, counting up to 8 cores: 1.5 ms on 2) before a
-//! thread that wakes gets its core. Where
-//! the compute threads keep every core busy, the communication thread thus waited for a
-//! compute step to end: 4 ranks on 2 cores, config B, took a median 1.2 ms to pick up a
-//! receive their rank had posted, two times in three only after the compute it was meant to
-//! overlap. A thread can ask for a shorter slice (`sched_setattr`'s `sched_runtime`, taken
-//! for normal threads since Linux 6.12); a waking thread with a shorter slice than the running
-//! one then usually takes the core at once (the scheduler's `PREEMPT_SHORT`, on by default).
-//! With 100 µs the median fell to 40-55 µs. Where each process's
-//! two threads share one core (B at N=2), steps took 9% less time; elsewhere on 2 cores the
-//! step changed by less than its spread (README: "The communication thread's scheduler
-//! slice").
+//! thread that wakes gets its core. Where the compute threads keep every core busy, the
+//! communication thread thus waited for a compute step to end: 4 ranks on 2 cores, config B,
+//! took a median 1.2 ms to pick up a receive their rank had posted, two times in three only
+//! after the compute it was meant to overlap. A thread can ask for a shorter slice
+//! (`sched_setattr`'s `sched_runtime`, taken for normal threads since Linux 6.12); a waking
+//! thread with a shorter slice than the running one then usually takes the core at once (the
+//! scheduler's `PREEMPT_SHORT`, on by default). With 100 µs the median fell to 40-55 µs.
+//! Where each process's two threads share one core (B at N=2), steps took 9% less time;
+//! elsewhere on 2 cores the step changed by less than its spread (README: "The communication
+//! thread's scheduler slice").
 //!
 //! The request keeps the thread's policy, nice value and reset-on-fork flag, and needs no
 //! privilege. Threads the communication thread starts afterwards (the MPI library's own)
