@@ -9,6 +9,7 @@ mod config;
 mod consolidate;
 mod device;
 mod error;
+mod host_view;
 mod launch;
 mod linear_pairing;
 mod ops;

@@ -38,8 +38,9 @@ fn fresh_copy<B: Backend>(t: &Float<B>) -> Float<B> {
 /// One message's payload per tensor, and the charge of the host copies they carry.
 struct Payloads<B: Backend> {
     payloads: Vec<Payload<Float<B>>>,
-    /// A byte transport sends from a host copy of each tensor, which lives until the last
-    /// send of it completes (device handles are the tensors' own buffers: no charge).
+    /// A byte transport sends from a host copy of each tensor it cannot read in place, which
+    /// lives until the last send of it completes (device handles and in-place views are the
+    /// tensors' own buffers: no charge).
     copies: Option<Arc<Charge>>,
 }
 
@@ -60,18 +61,26 @@ fn to_payloads<B: Backend>(ctx: &RankCtx<B>, tensors: &[Float<B>]) -> Payloads<B
             copies: None,
         };
     }
-    // The rank still holds each tensor, so its buffer is shared, and burn-ndarray reads a
-    // shared buffer to the host element by element through a dynamic-rank iterator (measured:
-    // most of an MPI rank's CPU time). A fresh copy, made at memory speed, is read without
-    // another copy.
-    let data: Vec<Arc<TensorData>> = tensors
+    // The rank still holds each tensor. Where the backend allows it, the send reads it in
+    // place (`host_view`). Elsewhere its buffer is shared, and burn-ndarray reads a shared
+    // buffer to the host element by element through a dynamic-rank iterator (measured: most
+    // of an MPI rank's CPU time); a fresh copy, made at memory speed, is read without another
+    // copy.
+    let mut copied = 0;
+    let payloads = tensors
         .iter()
-        .map(|t| Arc::new(read_host::<B>(fresh_copy::<B>(t))))
+        .map(|t| match crate::host_view::view::<B>(t) {
+            Some(bytes) => Payload::Borrowed(bytes),
+            None => {
+                let data = read_host::<B>(fresh_copy::<B>(t));
+                copied += data.as_bytes().len();
+                Payload::Host(Arc::new(data))
+            }
+        })
         .collect();
-    let bytes = data.iter().map(|d| d.as_bytes().len()).sum();
     Payloads {
-        payloads: data.into_iter().map(Payload::Host).collect(),
-        copies: Some(ctx.ledger.charge(Category::InFlight, bytes)),
+        payloads,
+        copies: (copied > 0).then(|| ctx.ledger.charge(Category::InFlight, copied)),
     }
 }
 
@@ -82,6 +91,11 @@ fn from_payload<B: Backend>(ctx: &RankCtx<B>, p: Payload<Float<B>>) -> Float<B> 
         // A received message's data is its own (the `Arc` is unique): no copy.
         Payload::Host(data) => B::float_from_data(
             Arc::try_unwrap(data).unwrap_or_else(|shared| (*shared).clone()),
+            &ctx.inner,
+        ),
+        // Only sends borrow; a transport that hands a send over as it is gets a copy.
+        Payload::Borrowed(bytes) => B::float_from_data(
+            TensorData::from_bytes_vec(bytes.bytes().to_vec(), bytes.shape(), bytes.dtype()),
             &ctx.inner,
         ),
     }
@@ -261,7 +275,7 @@ pub(crate) fn exchange<B: Backend, R>(
         fence(ctx);
     }
     // Legs that send the same tensors (an all-gather sends one shard to every peer) share
-    // one host copy of them.
+    // their payloads: one view or one host copy.
     let mut read: Option<(&[Float<B>], Payloads<B>)> = None;
     let started: Vec<Started> = sends
         .into_iter()

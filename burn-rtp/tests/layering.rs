@@ -17,6 +17,8 @@ const LAYERS: &[&[&str]] = &[
     &["config"],
     // The placement policy; moving bytes.
     &["sharding", "transport"],
+    // A tensor's bytes read in place for a byte transport.
+    &["host_view"],
     // The Linear forward records a backward pairs with.
     &["linear_pairing"],
     // One rank's state.

@@ -42,6 +42,20 @@ pub enum Payload<T> {
     /// Host data, shared: a tensor sent to several peers (an all-gather) is read to the host
     /// once, and every send reads its bytes from that one copy.
     Host(Arc<TensorData>),
+    /// A tensor the sender still holds, read in place by a byte transport (no host copy).
+    /// Only sent: a receive yields [`Payload::Host`].
+    Borrowed(Arc<dyn HostBytes>),
+}
+
+/// A tensor's bytes, read where they lie: the value keeps the tensor alive, and nobody writes
+/// a tensor while it is shared (copy-on-write), so a byte transport may send from them.
+pub trait HostBytes: Send + Sync + std::fmt::Debug {
+    /// The elements' bytes, in row-major order.
+    fn bytes(&self) -> &[u8];
+    /// The element type.
+    fn dtype(&self) -> burn::tensor::DType;
+    /// The shape.
+    fn shape(&self) -> Vec<usize>;
 }
 
 /// Identifies a message so that the receiver can check both sides run the same op.

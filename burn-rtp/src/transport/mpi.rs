@@ -8,15 +8,15 @@
 //!
 //! A message is two MPI messages: the envelope (the JSON of the [`Header`] and the element
 //! type, under tag `ENVELOPE`), then the tensor's bytes (tag `DATA`). The bytes go out
-//! straight from the sender's host copy of the tensor, and arrive straight into a buffer
-//! allocated as elements of the envelope's size, which becomes the received tensor's data
-//! with no further copy (Burn adopts a buffer whose alignment is its element type's). Per
+//! straight from the tensor itself where the sender can lend it (`Payload::Borrowed`), else
+//! from its host copy. They arrive straight into a buffer allocated as elements of the
+//! envelope's size, which becomes the received tensor's data with no further copy (Burn adopts a buffer whose alignment is its element type's). Per
 //! peer and tag, MPI's non-overtaking rule keeps messages in the order they were sent, so the
 //! k-th envelope from a peer describes its k-th data message; the header check then catches
 //! programs that diverged.
 
 use super::progress::{Pace, MAX_IDLE};
-use super::{BufferKind, Header, Payload, RecvHandle, SendHandle, Transport};
+use super::{BufferKind, Header, HostBytes, Payload, RecvHandle, SendHandle, Transport};
 use crate::config::MpiProgress;
 use crate::error::{RtpError, RtpResult};
 use burn::tensor::{Bytes, DType, TensorData};
@@ -143,6 +143,8 @@ enum Owner {
     Bytes(Vec<u8>),
     /// A tensor's host copy, sent without copying it again (shared by every peer it goes to).
     Data(Arc<TensorData>),
+    /// A tensor the sender still holds, read in place (`host_view.rs`).
+    Borrowed(Arc<dyn HostBytes>),
     /// A receive buffer.
     Elems(Elems),
 }
@@ -160,7 +162,9 @@ struct Lent {
 
 // SAFETY: the view points into memory the owner alone keeps alive; MPI reads or writes it
 // only until the request completes, and the owner is released only after that. Sent data
-// (`Owner::Data`) is only ever read, by MPI and by other sends of the same `Arc`.
+// (`Owner::Data`, `Owner::Borrowed`) is only ever read, by MPI, by other sends of the same
+// `Arc` and, for a borrowed tensor, by the rank's compute, which writes it only once no other
+// handle shares it.
 unsafe impl Send for Lent {}
 
 impl Lent {
@@ -178,6 +182,7 @@ impl Lent {
         let bytes: &[u8] = match &owner {
             Owner::Bytes(b) => b,
             Owner::Data(d) => d.as_bytes(),
+            Owner::Borrowed(b) => b.bytes(),
             Owner::Elems(_) => unreachable!("receive buffers are lent through `receive`"),
         };
         let view = std::ptr::slice_from_raw_parts_mut(bytes.as_ptr().cast_mut(), bytes.len());
@@ -385,10 +390,9 @@ impl Engine {
     /// never complete, and spinning on them would only take CPU from the surviving ranks.
     fn data_in_flight(&self) -> bool {
         self.receiving.iter().any(|a| a.done.is_some())
-            || self
-                .sends
-                .iter()
-                .any(|a| a.done.is_some() && matches!(a.buffer.owner, Owner::Data(_)))
+            || self.sends.iter().any(|a| {
+                a.done.is_some() && matches!(a.buffer.owner, Owner::Data(_) | Owner::Borrowed(_))
+            })
     }
 
     /// Receives abort notices; once one came, every waiting receive fails with its reason.
@@ -797,8 +801,8 @@ struct MpiSend {
     op: String,
     /// The envelope's and the data's completions.
     replies: [Receiver<Result<(), Fault>>; 2],
-    /// The sender's charges for the payload: MPI holds a copy of its bytes until the send
-    /// completes, so the ledger keeps counting them until then.
+    /// The sender's charges for the payload: MPI reads its bytes until the send completes, so
+    /// the ledger keeps counting them until then.
     _hold: Vec<Arc<crate::accounting::Charge>>,
 }
 
@@ -858,20 +862,23 @@ impl<T: Send + 'static> Transport<T> for MpiEndpoint {
         to: usize,
         header: Header,
         payload: Payload<T>,
-        // MPI reads the payload's host copy until the send completes: the sender's charges
+        // MPI reads the payload's bytes until the send completes: the sender's charges
         // stay with the handle until then.
         hold: Vec<Arc<crate::accounting::Charge>>,
     ) -> RtpResult<Box<dyn SendHandle>> {
         let op = header.op.to_string();
         crate::config::check_rank(to, self.0.size)?;
-        let Payload::Host(data) = payload else {
-            return Err(transport_error(
-                self.0.rank,
-                &op,
-                "the MPI transport moves host buffers only".into(),
-            ));
+        let (dtype, size, data) = match payload {
+            Payload::Host(data) => (data.dtype, data.as_bytes().len(), Owner::Data(data)),
+            Payload::Borrowed(b) => (b.dtype(), b.bytes().len(), Owner::Borrowed(b)),
+            Payload::Device(_) => {
+                return Err(transport_error(
+                    self.0.rank,
+                    &op,
+                    "the MPI transport moves host buffers only".into(),
+                ))
+            }
         };
-        let size = data.as_bytes().len();
         if size > i32::MAX as usize {
             return Err(transport_error(
                 self.0.rank,
@@ -882,17 +889,10 @@ impl<T: Send + 'static> Transport<T> for MpiEndpoint {
                 ),
             ));
         }
-        let envelope = serde_json::to_vec(&Envelope {
-            header,
-            dtype: data.dtype,
-        })
-        .expect("a header serialises");
+        let envelope =
+            serde_json::to_vec(&Envelope { header, dtype }).expect("a header serialises");
         // The envelope goes first: the receiver sizes and aligns the data's buffer from it.
-        let replies = [
-            (ENVELOPE, Owner::Bytes(envelope)),
-            (DATA, Owner::Data(data)),
-        ]
-        .map(|(tag, buffer)| {
+        let replies = [(ENVELOPE, Owner::Bytes(envelope)), (DATA, data)].map(|(tag, buffer)| {
             let (done, reply) = mpsc::channel();
             let queued = self.0.queue(
                 Command::Send {
@@ -1067,13 +1067,27 @@ mod tests {
             part,
             shape: vec![2],
         };
-        let payload = |v: f32| Payload::<()>::Host(Arc::new(TensorData::new(vec![v, -v], [2])));
-        let send = |part, v| {
-            Transport::<()>::isend(&endpoint, 0, header(part), payload(v), Vec::new()).unwrap()
+        let data = |v: f32| TensorData::new(vec![v, -v], [2]);
+        let send = |part, payload| {
+            Transport::<()>::isend(&endpoint, 0, header(part), payload, Vec::new()).unwrap()
         };
-        let first = send(0, 1.0);
+        let first = send(0, Payload::Host(Arc::new(data(1.0))));
         Transport::<()>::flush(&endpoint).unwrap();
-        let second = send(1, 2.0);
+        // The second sends borrowed bytes, as ranks send the shards they hold.
+        #[derive(Debug)]
+        struct Held(TensorData);
+        impl HostBytes for Held {
+            fn bytes(&self) -> &[u8] {
+                self.0.as_bytes()
+            }
+            fn dtype(&self) -> burn::tensor::DType {
+                self.0.dtype
+            }
+            fn shape(&self) -> Vec<usize> {
+                self.0.shape.to_vec()
+            }
+        }
+        let second = send(1, Payload::Borrowed(Arc::new(Held(data(2.0)))));
         let receives =
             [0, 1].map(|part| Transport::<()>::irecv(&endpoint, 0, header(part)).unwrap());
         // No flush: the first wait must issue the second send and both receives.
@@ -1084,7 +1098,7 @@ mod tests {
             assert_eq!(
                 data.to_vec::<f32>().unwrap(),
                 vec![v, -v],
-                "batches kept their order"
+                "batches kept their order, and borrowed bytes arrived as sent"
             );
         }
         first.wait().unwrap();
