@@ -6,8 +6,8 @@
 //! transfer can start. burn-ndarray keeps a tensor in a reference-counted buffer and writes
 //! one in place only while no other handle shares it (copy-on-write). So a view that holds a
 //! handle reads bytes that nobody writes while the send is in flight, and that nobody frees.
-//! Other backends, and tensors whose elements are not contiguous in row-major order, are
-//! copied as before.
+//! Other backends, tensors whose elements are not contiguous in row-major order, and tensors
+//! on borrowed storage are copied as before.
 
 use crate::accounting::Float;
 use crate::transport::HostBytes;
@@ -24,6 +24,11 @@ struct NdArrayBytes(NdArrayTensor);
 impl NdArrayBytes {
     /// Holds `tensor` if its bytes can be read in place.
     fn new(tensor: &NdArrayTensor) -> Option<Self> {
+        // Borrowed storage (a loaded file's bytes) may copy itself when its handle is cloned,
+        // a copy the ledger would not see: it is copied, and charged, as before.
+        if tensor.is_borrowed() {
+            return None;
+        }
         let readable = match tensor {
             NdArrayTensor::F32(s) => s.view().to_slice().is_some(),
             NdArrayTensor::F64(s) => s.view().to_slice().is_some(),
@@ -33,7 +38,10 @@ impl NdArrayBytes {
     }
 }
 
-impl HostBytes for NdArrayBytes {
+// SAFETY: the held handle keeps the buffer alive, and no handle writes a buffer another
+// handle shares (ndarray's copy-on-write; burn-ndarray's in-place paths check `is_unique`), so
+// `bytes` returns the same unwritten slice for as long as the value lives.
+unsafe impl HostBytes for NdArrayBytes {
     fn bytes(&self) -> &[u8] {
         let row_major = "checked when the view was made, and a shared tensor is never written";
         match &self.0 {
@@ -83,14 +91,25 @@ mod tests {
 
     #[test]
     fn a_view_reads_the_tensors_own_bytes_and_survives_writes_to_it() {
-        let values: Vec<f32> = (0..12).map(|i| i as f32 * 0.5 - 1.0).collect();
-        let t = tensor(values.clone(), [3, 4]);
+        // 96 elements: burn-ndarray's SIMD paths, which write in place when the buffer is not
+        // shared, take tensors from 32 elements on.
+        let values: Vec<f32> = (0..96).map(|i| i as f32 * 0.5 - 1.0).collect();
+        let t = tensor(values.clone(), [8, 12]);
+        let NdArrayTensor::F32(storage) = &t else {
+            panic!("an f32 tensor")
+        };
+        let own = storage.view().as_ptr() as *const u8;
         let view = view::<B>(&t).expect("a row-major NdArray tensor is viewed");
         assert_eq!(view.dtype(), DType::F32);
-        assert_eq!(view.shape(), vec![3, 4]);
+        assert_eq!(view.shape(), vec![8, 12]);
+        assert_eq!(
+            view.bytes().as_ptr(),
+            own,
+            "the view is the tensor's buffer, not a copy"
+        );
         assert_eq!(view.bytes(), bytemuck::cast_slice::<f32, u8>(&values));
-        // An op that writes in place where the tensor is not shared must copy here: the view
-        // still reads the values the send started with.
+        // An op that writes in place where the buffer is not shared must copy while the view
+        // holds it: the view still reads the values it was made with.
         let written = B::float_add_scalar(t, burn::tensor::Scalar::Float(100.0));
         assert_eq!(view.bytes(), bytemuck::cast_slice::<f32, u8>(&values));
         let written = burn::tensor::try_read_sync(B::float_into_data(written))
@@ -98,7 +117,26 @@ mod tests {
             .unwrap()
             .to_vec::<f32>()
             .unwrap();
-        assert_eq!(written[0], values[0] + 100.0);
+        assert_eq!(written[95], values[95] + 100.0);
+    }
+
+    #[test]
+    fn without_a_view_the_same_op_writes_in_place() {
+        // The control for the test above: the in-place path it guards against is real.
+        let t = tensor((0..96).map(|i| i as f32).collect(), [8, 12]);
+        let NdArrayTensor::F32(storage) = &t else {
+            panic!("an f32 tensor")
+        };
+        let own = storage.view().as_ptr();
+        let written = B::float_add_scalar(t, burn::tensor::Scalar::Float(1.0));
+        let NdArrayTensor::F32(storage) = &written else {
+            panic!("an f32 tensor")
+        };
+        assert_eq!(
+            storage.view().as_ptr(),
+            own,
+            "a unique buffer is written in place"
+        );
     }
 
     #[test]

@@ -49,7 +49,12 @@ pub enum Payload<T> {
 
 /// A tensor's bytes, read where they lie: the value keeps the tensor alive, and nobody writes
 /// a tensor while it is shared (copy-on-write), so a byte transport may send from them.
-pub trait HostBytes: Send + Sync + std::fmt::Debug {
+///
+/// # Safety
+/// A byte transport hands `bytes`' memory to MPI, which reads it from another thread until the
+/// send completes. For as long as the value lives, `bytes` must return the same slice (pointer
+/// and length), and nothing may write or free that memory.
+pub unsafe trait HostBytes: Send + Sync + std::fmt::Debug {
     /// The elements' bytes, in row-major order.
     fn bytes(&self) -> &[u8];
     /// The element type.

@@ -1076,7 +1076,8 @@ mod tests {
         // The second sends borrowed bytes, as ranks send the shards they hold.
         #[derive(Debug)]
         struct Held(TensorData);
-        impl HostBytes for Held {
+        // SAFETY: the data is owned and never written.
+        unsafe impl HostBytes for Held {
             fn bytes(&self) -> &[u8] {
                 self.0.as_bytes()
             }
