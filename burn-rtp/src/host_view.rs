@@ -13,7 +13,7 @@ use crate::accounting::Float;
 use crate::transport::HostBytes;
 use burn::backend::ndarray::NdArrayTensor;
 use burn::tensor::backend::Backend;
-use burn::tensor::DType;
+use burn::tensor::{DType, TensorMetadata};
 use std::any::Any;
 use std::sync::Arc;
 
@@ -52,19 +52,11 @@ unsafe impl HostBytes for NdArrayBytes {
     }
 
     fn dtype(&self) -> DType {
-        match &self.0 {
-            NdArrayTensor::F32(_) => DType::F32,
-            NdArrayTensor::F64(_) => DType::F64,
-            _ => unreachable!("only float tensors are viewed"),
-        }
+        self.0.dtype()
     }
 
     fn shape(&self) -> Vec<usize> {
-        match &self.0 {
-            NdArrayTensor::F32(s) => s.shape().to_vec(),
-            NdArrayTensor::F64(s) => s.shape().to_vec(),
-            _ => unreachable!("only float tensors are viewed"),
-        }
+        self.0.shape().to_vec()
     }
 }
 

@@ -10,10 +10,10 @@
 //! type, under tag `ENVELOPE`), then the tensor's bytes (tag `DATA`). The bytes go out
 //! straight from the tensor itself where the sender can lend it (`Payload::Borrowed`), else
 //! from its host copy. They arrive straight into a buffer allocated as elements of the
-//! envelope's size, which becomes the received tensor's data with no further copy (Burn adopts a buffer whose alignment is its element type's). Per
-//! peer and tag, MPI's non-overtaking rule keeps messages in the order they were sent, so the
-//! k-th envelope from a peer describes its k-th data message; the header check then catches
-//! programs that diverged.
+//! envelope's size, which becomes the received tensor's data with no further copy (Burn adopts
+//! a buffer whose alignment is its element type's). Per peer and tag, MPI's non-overtaking
+//! rule keeps messages in the order they were sent, so the k-th envelope from a peer describes
+//! its k-th data message; the header check then catches programs that diverged.
 
 use super::progress::{Pace, MAX_IDLE};
 use super::{BufferKind, Header, HostBytes, Payload, RecvHandle, SendHandle, Transport};
