@@ -10,6 +10,7 @@ use burn::backend::{Autodiff, NdArray};
 use burn::module::Module;
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::tensor::backend::Backend;
+use burn_rtp::timeline::IntervalKind;
 use burn_rtp::{human_bytes, MpiProgress, Rtp, RtpOptimizer};
 use burn_rtp_examples::data::{Corpus, Windows};
 use burn_rtp_examples::{Gpt, GptConfig};
@@ -55,9 +56,14 @@ pub struct JobResult {
     /// Each rank's peak resident set just before its model was built, in bytes.
     #[serde(default)]
     pub baseline_rss_bytes: Vec<u64>,
-    /// Each rank's share of wire time hidden behind compute (`None`: no compute intervals,
-    /// as in DDP and FSDP, which do not rotate).
+    /// Each rank's share of wire time hidden behind compute (`None`: the rank received
+    /// nothing while recording; DDP and FSDP, which do not rotate, compute nothing that
+    /// could hide a transfer and read 0).
     pub overlap: Vec<Option<f64>>,
+    /// Each rank's share of wire time during which it was blocked on its transfers (`None`
+    /// as for `overlap`).
+    #[serde(default)]
+    pub wire_in_waits: Vec<Option<f64>>,
     /// Each rank's communication-thread pacing at the end of the job, and why.
     #[serde(default)]
     pub progress: Vec<String>,
@@ -69,6 +75,7 @@ struct RankFigures {
     rss: u64,
     baseline: u64,
     overlap: Option<f64>,
+    in_waits: Option<f64>,
     progress: String,
 }
 
@@ -118,6 +125,7 @@ pub fn worker(job: &Job) -> Result<(), String> {
             rss: burn_rtp::peak_rss_bytes().unwrap_or(0),
             baseline,
             overlap: burn_rtp::timeline::hidden_transfer_fraction(&timeline),
+            in_waits: burn_rtp::timeline::transfer_share_during(&timeline, IntervalKind::Wait),
             progress: device.progress_policy().unwrap_or_default(),
         };
         let all = device.all_gather_json(&own);
@@ -128,6 +136,7 @@ pub fn worker(job: &Job) -> Result<(), String> {
             peak_rss_bytes: all.iter().map(|f| f.rss).collect(),
             baseline_rss_bytes: all.iter().map(|f| f.baseline).collect(),
             overlap: all.iter().map(|f| f.overlap).collect(),
+            wire_in_waits: all.iter().map(|f| f.in_waits).collect(),
             progress: all.into_iter().map(|f| f.progress).collect(),
         })
     })
@@ -287,6 +296,12 @@ fn run_job(
 }
 
 /// Median and spread (min, max) of a sample.
+/// The mean over the ranks that timed something (`None` if none did).
+fn mean_of_ranks(per_rank: &[Option<f64>]) -> Option<f64> {
+    let timed: Vec<f64> = per_rank.iter().flatten().copied().collect();
+    (!timed.is_empty()).then(|| timed.iter().sum::<f64>() / timed.len() as f64)
+}
+
 fn summary(values: &[f64]) -> Value {
     let min = values.iter().copied().fold(f64::INFINITY, f64::min);
     let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -299,6 +314,8 @@ struct Cell {
     rss: Vec<f64>,
     ledger: Vec<f64>,
     overlap: Vec<f64>,
+    /// Per job, the ranks' mean share of wire time spent blocked on transfers.
+    in_waits: Vec<f64>,
     params: usize,
     /// The communication threads' pacings seen across the cell's jobs and ranks.
     progress: std::collections::BTreeSet<String>,
@@ -345,10 +362,11 @@ pub fn run(
                     cell.step_ms.push(step);
                     cell.rss.push(rss as f64);
                     cell.ledger.push(ledger as f64);
-                    let hidden: Vec<f64> = r.overlap.iter().flatten().copied().collect();
-                    if !hidden.is_empty() {
-                        cell.overlap
-                            .push(hidden.iter().sum::<f64>() / hidden.len() as f64);
+                    if let Some(hidden) = mean_of_ranks(&r.overlap) {
+                        cell.overlap.push(hidden);
+                    }
+                    if let Some(waits) = mean_of_ranks(&r.wire_in_waits) {
+                        cell.in_waits.push(waits);
                     }
                     cell.params = r.params;
                     cell.progress.extend(r.progress);
@@ -459,6 +477,7 @@ pub fn run(
             "peak_rss_bytes": summary(&cell.rss),
             "ledger_peak_bytes": summary(&cell.ledger),
             "overlap_fraction": if cell.overlap.is_empty() { Value::Null } else { summary(&cell.overlap) },
+            "wire_in_waits_fraction": if cell.in_waits.is_empty() { Value::Null } else { summary(&cell.in_waits) },
             "mpi_progress": cell.progress,
         }));
     }
@@ -489,7 +508,8 @@ pub fn run(
     };
     report["machine_note"] = json!(format!(
         "up to {most} processes per job on {cores} cores: {sharing}; \
-         RSS is each process's VmHWM; overlap uses the MPI transport's own timestamps of when received bytes were moving"
+         RSS is each process's VmHWM; overlap uses the MPI transport's own timestamps of when received bytes were moving; \
+         wire in waits is the share of that time during which the receiving rank was blocked on a transfer instead of working"
     ));
     std::fs::write(
         cfg.out.join("report.json"),
@@ -625,25 +645,29 @@ fn markdown(
         "\nEach process's communication thread paces its tests of transfers in flight as `--mpi-progress {}` asks (spin: back to back while bytes are in flight; backoff: sleeps of up to 200 µs), and asks the kernel for a 100 µs scheduler slice, so that it gets a core as soon as it wakes (taken on Linux 6.12 and later). The last column shows what each cell's processes ran.\n",
         cfg.mpi_progress
     );
-    md += "\n| config | N | strategy | params | step (ms) median [min–max] | peak RSS / process | ledger peak | overlap | MPI progress |\n|---|---|---|---|---|---|---|---|---|\n";
+    md += "\n| config | N | strategy | params | step (ms) median [min–max] | peak RSS / process | ledger peak | overlap | wire in waits | MPI progress |\n|---|---|---|---|---|---|---|---|---|---|\n";
     for ((c, n, v), cell) in cells {
+        let share = |x: &[f64]| {
+            if x.is_empty() {
+                "–".to_string()
+            } else {
+                format!("{:.2}", median(x))
+            }
+        };
         let span = |x: &[f64]| {
             let lo = x.iter().copied().fold(f64::INFINITY, f64::min);
             let hi = x.iter().copied().fold(f64::NEG_INFINITY, f64::max);
             format!("{:.1} [{lo:.1}–{hi:.1}]", median(x))
         };
         md += &format!(
-            "| {} | {n} | {v} | {} | {} | {} | {} | {} | {} |\n",
+            "| {} | {n} | {v} | {} | {} | {} | {} | {} | {} | {} |\n",
             c.to_uppercase(),
             cell.params,
             span(&cell.step_ms),
             human_bytes(median(&cell.rss) as u64),
             human_bytes(median(&cell.ledger) as u64),
-            if cell.overlap.is_empty() {
-                "–".into()
-            } else {
-                format!("{:.2}", median(&cell.overlap))
-            },
+            share(&cell.overlap),
+            share(&cell.in_waits),
             cell.progress
                 .iter()
                 .cloned()

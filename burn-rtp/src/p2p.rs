@@ -189,7 +189,10 @@ pub(crate) fn complete<B: Backend>(ctx: &RankCtx<B>, posted: Posted<B>) -> Recei
         .handles
         .into_iter()
         .map(|(header, h)| {
-            let t = from_payload(ctx, ctx.check(h.wait()));
+            let waited = ctx.timeline.start();
+            let got = h.wait();
+            ctx.timeline.finish(IntervalKind::Wait, waited);
+            let t = from_payload(ctx, ctx.check(got));
             if t.shape().to_vec() != header.shape {
                 crate::error::raise(crate::RtpError::Desync {
                     rank: ctx.rank,
@@ -237,9 +240,11 @@ fn start<B: Backend>(
 
 /// Waits until every started send's buffer may be reused.
 pub(crate) fn finish<B: Backend>(ctx: &RankCtx<B>, started: Started) {
+    let waited = ctx.timeline.start();
     for h in started.0 {
         ctx.check(h.wait());
     }
+    ctx.timeline.finish(IntervalKind::Wait, waited);
 }
 
 /// One message of an exchange: the peer and, per tensor, its header.

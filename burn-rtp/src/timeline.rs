@@ -16,6 +16,9 @@ pub enum IntervalKind {
     /// matched receive, which copies them, to the moment it completed). Posting a receive is
     /// not a transfer.
     Wire,
+    /// Blocked until a transfer completed: the wait for a receive's data or for a send's
+    /// buffer to be free again.
+    Wait,
 }
 
 /// One interval, in seconds since recording started.
@@ -84,29 +87,38 @@ impl Timeline {
 /// intervals are the transfers; otherwise (in-process, where nothing moves) the waits for a
 /// shard are, which models a transfer rather than measuring one.
 pub fn hidden_transfer_fraction(intervals: &[Interval]) -> Option<f64> {
+    transfer_share_during(intervals, IntervalKind::Compute)
+}
+
+/// The fraction of transfer time (as in [`hidden_transfer_fraction`]) that fell inside
+/// intervals of `kind`: with [`IntervalKind::Wait`], how much of it the rank spent blocked
+/// on its transfers instead of working.
+pub fn transfer_share_during(intervals: &[Interval], kind: IntervalKind) -> Option<f64> {
     let transfer = if intervals.iter().any(|i| i.kind == IntervalKind::Wire) {
         IntervalKind::Wire
     } else {
         IntervalKind::Transfer
     };
-    let mut compute: Vec<(f64, f64)> = intervals
+    // One thread records a rank's compute and waits, so these intervals never overlap each
+    // other and their overlaps with a transfer add up.
+    let mut during: Vec<(f64, f64)> = intervals
         .iter()
-        .filter(|i| i.kind == IntervalKind::Compute)
+        .filter(|i| i.kind == kind)
         .map(|i| (i.start, i.end))
         .collect();
-    compute.sort_by(|a, b| a.0.total_cmp(&b.0));
+    during.sort_by(|a, b| a.0.total_cmp(&b.0));
     let mut total = 0.0;
-    let mut hidden = 0.0;
+    let mut inside = 0.0;
     for t in intervals.iter().filter(|i| i.kind == transfer) {
         total += t.end - t.start;
-        for (s, e) in &compute {
+        for (s, e) in &during {
             let overlap = t.end.min(*e) - t.start.max(*s);
             if overlap > 0.0 {
-                hidden += overlap;
+                inside += overlap;
             }
         }
     }
-    (total > 0.0).then(|| (hidden / total).min(1.0))
+    (total > 0.0).then(|| (inside / total).min(1.0))
 }
 
 #[cfg(test)]
@@ -124,5 +136,27 @@ mod tests {
         let f = hidden_transfer_fraction(&timeline).unwrap();
         assert!((f - 1.0 / 3.0).abs() < 1e-12, "{f}");
         assert_eq!(hidden_transfer_fraction(&[]), None);
+    }
+
+    #[test]
+    fn wire_time_is_split_between_compute_and_waits() {
+        let iv = |kind, start, end| Interval { kind, start, end };
+        // Wire intervals replace the posted-to-arrival transfers once the transport logs them.
+        let timeline = [
+            iv(IntervalKind::Transfer, 0.0, 10.0),
+            iv(IntervalKind::Compute, 0.0, 2.0),
+            iv(IntervalKind::Wait, 2.0, 3.0),
+            iv(IntervalKind::Wire, 1.0, 4.0),
+            iv(IntervalKind::Compute, 5.0, 6.0),
+            iv(IntervalKind::Wire, 5.5, 6.5),
+        ];
+        let share = |kind| transfer_share_during(&timeline, kind).unwrap();
+        // 4 s of wire: 1.5 s during compute, 1 s during the wait, 1.5 s elsewhere.
+        assert!((share(IntervalKind::Compute) - 1.5 / 4.0).abs() < 1e-12);
+        assert!((share(IntervalKind::Wait) - 1.0 / 4.0).abs() < 1e-12);
+        assert_eq!(
+            hidden_transfer_fraction(&timeline),
+            Some(share(IntervalKind::Compute))
+        );
     }
 }
