@@ -295,13 +295,13 @@ fn run_job(
         .map_err(|e| e.to_string())
 }
 
-/// Median and spread (min, max) of a sample.
 /// The mean over the ranks that timed something (`None` if none did).
 fn mean_of_ranks(per_rank: &[Option<f64>]) -> Option<f64> {
     let timed: Vec<f64> = per_rank.iter().flatten().copied().collect();
     (!timed.is_empty()).then(|| timed.iter().sum::<f64>() / timed.len() as f64)
 }
 
+/// Median and spread (min, max) of a sample.
 fn summary(values: &[f64]) -> Value {
     let min = values.iter().copied().fold(f64::INFINITY, f64::min);
     let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
