@@ -207,7 +207,11 @@ impl MpiReportConfig {
             warmup: 1,
             steps: 3,
             capacity_limit_bytes: 768 << 20,
-            capacity_candidates: crate::report::capacity_candidates(8, 256, 4096),
+            // Two blocks, widths 5% apart (parameters about 10%): the ratio of two
+            // strategies' capacities is then not an artefact of where a coarse ladder's rungs
+            // fall (the earlier ladder added a block every six widths, so its rungs grew
+            // parameters by up to 2.2x).
+            capacity_candidates: crate::report::capacity_ladder(8, 2, 256, 4096, 1.05),
             planner_grid: crate::planner_check::rss_grid(),
             mpi_progress: MpiProgress::Auto,
         }

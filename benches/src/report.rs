@@ -123,6 +123,30 @@ impl ReportConfig {
     }
 }
 
+/// Models of `layers` blocks whose width grows by `factor` each time (rounded up to a
+/// multiple of 8), so that parameter counts grow by about `factor²` from one to the next:
+/// bisection over them finds each strategy's largest model to that resolution, whatever its
+/// size.
+pub fn capacity_ladder(
+    seq: usize,
+    layers: usize,
+    from: usize,
+    to: usize,
+    factor: f64,
+) -> Vec<GptConfig> {
+    assert!(factor > 1.0, "a ladder must grow (factor {factor})");
+    let mut out: Vec<GptConfig> = Vec::new();
+    let mut d = from as f64;
+    while (d as usize) <= to {
+        let width = (d as usize).div_ceil(8) * 8;
+        if out.last().is_none_or(|m| m.d_model < width) {
+            out.push(GptConfig::new(seq, width, layers, 4));
+        }
+        d *= factor;
+    }
+    out
+}
+
 /// Models of growing width and depth: width grows by a fifth each time, and a block is
 /// added every six widths.
 pub fn capacity_candidates(seq: usize, from: usize, to: usize) -> Vec<GptConfig> {
@@ -1028,5 +1052,19 @@ mod tests {
         assert_eq!(twice.matches("\"k\"").count(), 1);
         assert!(twice.starts_with("{\n  \"a\": 0.30000000000000004,"));
         assert!(with_last_key("[1]", "k", &Value::Null).is_err());
+    }
+
+    #[test]
+    fn a_capacity_ladder_grows_in_small_steps_of_width_only() {
+        let ladder = capacity_ladder(8, 2, 256, 4096, 1.05);
+        assert_eq!(ladder.first().unwrap().d_model, 256);
+        assert!(ladder.last().unwrap().d_model <= 4096);
+        for pair in ladder.windows(2) {
+            let (a, b) = (pair[0].d_model, pair[1].d_model);
+            assert!(a < b && b % 8 == 0, "{a} -> {b}");
+            // Rounding up to a multiple of 8 may add up to 8 to the 5% step.
+            assert!(b as f64 <= a as f64 * 1.05 + 8.0, "{a} -> {b}");
+        }
+        assert!(ladder.iter().all(|m| m.layers == 2));
     }
 }

@@ -3,6 +3,8 @@
 //! Collectives (all-gather, all-reduce, barrier) are built on top of these primitives in
 //! `crate::collectives`, so a new transport (MPI, NCCL) only has to move buffers.
 
+#[cfg(feature = "mpi")]
+mod arena;
 mod in_process;
 #[cfg(feature = "mpi")]
 mod mpi;

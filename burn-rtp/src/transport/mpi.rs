@@ -513,6 +513,7 @@ fn run(
     ready: Sender<Result<(usize, usize), String>>,
     wire: WireLog,
     progress: MpiProgress,
+    arena: Option<&'static str>,
     policy: Arc<Mutex<String>>,
 ) {
     // Before MPI starts its own threads, which inherit it: they too work in short bursts.
@@ -537,6 +538,7 @@ fn run(
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut pace = Pace::new(progress, local_ranks, cores);
     pace.set_slice(slice);
+    pace.set_arena(arena);
     *policy.lock().unwrap() = pace.describe();
     let mut engine = Engine {
         world,
@@ -637,9 +639,12 @@ impl MpiTransport {
         let log = wire.clone();
         let policy = Arc::new(Mutex::new(String::new()));
         let shown = policy.clone();
+        // Before the thread starts, so that it allocates received buffers where this thread
+        // frees them.
+        let arena = super::arena::share_one_arena();
         let thread = std::thread::Builder::new()
             .name("rtp-mpi".into())
-            .spawn(move || run(inbox, ready, log, progress, shown))
+            .spawn(move || run(inbox, ready, log, progress, arena, shown))
             .map_err(|e| transport_error(0, "MPI_Init", e.to_string()))?;
         let (rank, size) = match started.recv() {
             Ok(Ok(world)) => world,

@@ -37,6 +37,8 @@ pub(crate) struct Pace {
     idle: Duration,
     /// The scheduler slice the thread obtained (`sched.rs`); `None`: the kernel's own.
     slice: Option<Duration>,
+    /// The process's malloc arenas (`arena.rs`); `None`: not asked.
+    arena: Option<&'static str>,
 }
 
 impl Pace {
@@ -51,7 +53,13 @@ impl Pace {
             needed_calls: None,
             idle: Duration::from_micros(1),
             slice: None,
+            arena: None,
         }
+    }
+
+    /// Notes the process's malloc arenas, for reports.
+    pub(crate) fn set_arena(&mut self, arena: Option<&'static str>) {
+        self.arena = arena;
     }
 
     /// Notes the scheduler slice the thread obtained, for reports.
@@ -116,7 +124,10 @@ impl Pace {
             None => "the kernel's scheduler slice".to_string(),
         };
         let policy = self.policy(&host);
-        format!("{policy}; {slice}")
+        match self.arena {
+            Some(arena) => format!("{policy}; {slice}; {arena}"),
+            None => format!("{policy}; {slice}"),
+        }
     }
 
     /// The policy in force and why, without the scheduler slice.
@@ -179,6 +190,11 @@ mod tests {
         assert_eq!(
             backoff.describe(),
             "backoff (asked; 64 core(s) for 1 local rank(s)); 100 µs scheduler slice"
+        );
+        backoff.set_arena(Some("one malloc arena"));
+        assert_eq!(
+            backoff.describe(),
+            "backoff (asked; 64 core(s) for 1 local rank(s)); 100 µs scheduler slice; one malloc arena"
         );
     }
 
