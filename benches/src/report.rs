@@ -123,6 +123,15 @@ impl ReportConfig {
     }
 }
 
+/// Widths from `from` up to `to`, each `factor` times the one before, rounded up to a
+/// multiple of 8 (what the GPT's 4 heads and the kernels' vectors divide).
+fn widths(from: usize, to: usize, factor: f64) -> impl Iterator<Item = usize> {
+    assert!(factor > 1.0, "widths must grow (factor {factor})");
+    std::iter::successors(Some(from as f64), move |d| Some(d * factor))
+        .take_while(move |d| (*d as usize) <= to)
+        .map(|d| (d as usize).div_ceil(8) * 8)
+}
+
 /// Models of `layers` blocks whose width grows by `factor` each time (rounded up to a
 /// multiple of 8), so that parameter counts grow by about `factor²` from one to the next:
 /// bisection over them finds each strategy's largest model to that resolution, whatever its
@@ -134,15 +143,12 @@ pub fn capacity_ladder(
     to: usize,
     factor: f64,
 ) -> Vec<GptConfig> {
-    assert!(factor > 1.0, "a ladder must grow (factor {factor})");
     let mut out: Vec<GptConfig> = Vec::new();
-    let mut d = from as f64;
-    while (d as usize) <= to {
-        let width = (d as usize).div_ceil(8) * 8;
+    for width in widths(from, to, factor) {
+        // Rounding can make two small widths equal: one rung each.
         if out.last().is_none_or(|m| m.d_model < width) {
             out.push(GptConfig::new(seq, width, layers, 4));
         }
-        d *= factor;
     }
     out
 }
@@ -150,16 +156,10 @@ pub fn capacity_ladder(
 /// Models of growing width and depth: width grows by a fifth each time, and a block is
 /// added every six widths.
 pub fn capacity_candidates(seq: usize, from: usize, to: usize) -> Vec<GptConfig> {
-    let mut out = Vec::new();
-    let mut d = from as f64;
-    let mut k = 0;
-    while (d as usize) <= to {
-        let width = ((d as usize).div_ceil(8)) * 8;
-        out.push(GptConfig::new(seq, width, 1 + k / 6, 4));
-        d *= 1.2;
-        k += 1;
-    }
-    out
+    widths(from, to, 1.2)
+        .enumerate()
+        .map(|(k, width)| GptConfig::new(seq, width, 1 + k / 6, 4))
+        .collect()
 }
 
 #[derive(Debug, Clone, Serialize)]

@@ -101,12 +101,11 @@ pub fn transfer_share_during(intervals: &[Interval], kind: IntervalKind) -> Opti
     };
     // One thread records a rank's compute and waits, so these intervals never overlap each
     // other and their overlaps with a transfer add up.
-    let mut during: Vec<(f64, f64)> = intervals
+    let during: Vec<(f64, f64)> = intervals
         .iter()
         .filter(|i| i.kind == kind)
         .map(|i| (i.start, i.end))
         .collect();
-    during.sort_by(|a, b| a.0.total_cmp(&b.0));
     let mut total = 0.0;
     let mut inside = 0.0;
     for t in intervals.iter().filter(|i| i.kind == transfer) {
