@@ -40,6 +40,18 @@ pub struct Job {
     /// How each process's communication thread paces its tests of transfers in flight.
     #[serde(default)]
     pub mpi_progress: MpiProgress,
+    /// Where each rank writes its timeline of the timed steps ([`timeline_file`]), if
+    /// anywhere.
+    #[serde(default)]
+    pub timeline: Option<PathBuf>,
+}
+
+/// The file rank `rank` of a job writes its timeline to, for the job's `timeline` stem: a
+/// JSON array of [`burn_rtp::timeline::Interval`]s, in seconds from the first timed step.
+pub fn timeline_file(stem: &Path, rank: usize) -> PathBuf {
+    let mut name = stem.as_os_str().to_owned();
+    name.push(format!(".rank{rank}.json"));
+    PathBuf::from(name)
 }
 
 /// What one job measured, gathered from every rank by rank 0.
@@ -120,6 +132,16 @@ pub fn worker(job: &Job) -> Result<(), String> {
         }
         let timeline = device.take_timeline();
         device.record_timeline(false);
+        if let Some(stem) = &job.timeline {
+            let path = timeline_file(stem, rank);
+            let text = serde_json::to_string(&timeline).expect("intervals serialise");
+            if let Err(e) = std::fs::write(&path, text) {
+                panic!(
+                    "rank {rank}: cannot write its timeline {}: {e}",
+                    path.display()
+                );
+            }
+        }
         let own = RankFigures {
             ledger: device.memory_peak().total,
             rss: burn_rtp::peak_rss_bytes().unwrap_or(0),
@@ -182,6 +204,8 @@ pub struct MpiReportConfig {
     pub planner_grid: Vec<crate::planner_check::PlanPoint>,
     /// How each process's communication thread paces its tests of transfers in flight.
     pub mpi_progress: MpiProgress,
+    /// Whether every timed job's ranks also write their timelines (under `out/jobs/`).
+    pub timelines: bool,
 }
 
 impl MpiReportConfig {
@@ -214,6 +238,7 @@ impl MpiReportConfig {
             capacity_candidates: crate::report::capacity_ladder(8, 2, 256, 4096, 1.05),
             planner_grid: crate::planner_check::rss_grid(),
             mpi_progress: MpiProgress::Auto,
+            timelines: false,
         }
     }
 
@@ -241,6 +266,7 @@ impl MpiReportConfig {
             capacity_candidates: crate::report::capacity_candidates(8, 64, 1024),
             planner_grid: crate::planner_check::tiny_grid()[..1].to_vec(),
             mpi_progress: MpiProgress::Auto,
+            timelines: false,
         }
     }
 }
@@ -299,6 +325,22 @@ fn run_job(
         .map_err(|e| e.to_string())
 }
 
+/// Checks that each of a job's `ranks` wrote a readable timeline with some compute in it, so
+/// that a report run with timelines never leaves a silent gap.
+fn check_timelines(stem: &Path, ranks: usize) -> Result<(), String> {
+    for rank in 0..ranks {
+        let path = timeline_file(stem, rank);
+        let text = std::fs::read(&path)
+            .map_err(|e| format!("rank {rank} wrote no timeline ({}): {e}", path.display()))?;
+        let intervals: Vec<burn_rtp::timeline::Interval> = serde_json::from_slice(&text)
+            .map_err(|e| format!("unreadable timeline {}: {e}", path.display()))?;
+        if !intervals.iter().any(|i| i.kind == IntervalKind::Compute) {
+            return Err(format!("timeline {} holds no compute", path.display()));
+        }
+    }
+    Ok(())
+}
+
 /// The mean over the ranks that timed something (`None` if none did).
 fn mean_of_ranks(per_rank: &[Option<f64>]) -> Option<f64> {
     let timed: Vec<f64> = per_rank.iter().flatten().copied().collect();
@@ -350,8 +392,18 @@ pub fn run(
                         steps: cfg.steps,
                         out: scratch.join(format!("{}-{n}-{}.json", c.name, variant.name())),
                         mpi_progress: cfg.mpi_progress,
+                        timeline: cfg.timelines.then(|| {
+                            scratch.join(format!(
+                                "timeline-{}-{n}-{}-{repeat}",
+                                c.name,
+                                variant.name()
+                            ))
+                        }),
                     };
                     let r = run_job(exe, n, &job, None, &[])?.expect("failures are errors here");
+                    if let Some(stem) = &job.timeline {
+                        check_timelines(stem, n)?;
+                    }
                     let step = median(&r.step_s) * 1e3;
                     let rss = r.peak_rss_bytes.iter().copied().max().unwrap_or(0);
                     let ledger = r.ledger_peak_bytes.iter().copied().max().unwrap_or(0);
@@ -420,6 +472,7 @@ pub fn run(
                 steps: 3,
                 out: scratch.join(format!("capacity-{}.json", variant.name())),
                 mpi_progress: cfg.mpi_progress,
+                timeline: None,
             };
             let r = run_job(exe, capacity_n, &job, Some(cfg.capacity_limit_bytes), &[])?;
             log(&format!(
@@ -558,6 +611,7 @@ pub fn planner_rows(
                 steps: 2,
                 out: scratch.join(format!("planner-{}.json", variant.name())),
                 mpi_progress,
+                timeline: None,
             };
             // The same job under glibc's default allocator and with its mmap threshold fixed.
             let growth = |env: &[(&str, &str)]| -> Result<(u64, u64), String> {
@@ -714,8 +768,13 @@ fn markdown(
             bytes("ledger_total"),
         );
     }
+    let timelines = if cfg.timelines {
+        "\n* Each timed job's ranks wrote their timelines (compute, waits, and when received bytes were moving, in seconds from the first timed step): `jobs/timeline-<config>-<N>-<strategy>-<job>.rank<r>.json`."
+    } else {
+        ""
+    };
     md += &format!(
-        "\n## Notes\n\n* {}.\n* The ledger counts what the decorator holds; the RSS also holds the allocator's free lists, the inner backend's buffers, the MPI library and the program itself.\n\nPlots: `mpi_step_time.svg`, `mpi_rss.svg`, `mpi_capacity.svg`.\n",
+        "\n## Notes\n\n* {}.\n* The ledger counts what the decorator holds; the RSS also holds the allocator's free lists, the inner backend's buffers, the MPI library and the program itself.{timelines}\n\nPlots: `mpi_step_time.svg`, `mpi_rss.svg`, `mpi_capacity.svg`.\n",
         report["machine_note"].as_str().unwrap_or("")
     );
     md

@@ -47,6 +47,10 @@ struct Cli {
     /// transfers in flight (auto | spin | backoff).
     #[arg(long, default_value = "auto")]
     mpi_progress: MpiProgress,
+    /// With `--transport mpi`: every timed job's ranks also write their timelines (compute,
+    /// waits, and when received bytes were moving) as JSON, `OUT/jobs/timeline-*.rank<r>.json`.
+    #[arg(long)]
+    timelines: bool,
     /// Only the memory planner's grid: predictions against the ledger (in-process) or the
     /// resident set (`--transport mpi`), printed, without writing a report.
     #[arg(long)]
@@ -101,6 +105,7 @@ fn main_mpi(cli: &Cli) -> ExitCode {
         cfg.repeats = r.max(1);
     }
     cfg.mpi_progress = cli.mpi_progress;
+    cfg.timelines = cli.timelines;
     let exe = match std::env::current_exe() {
         Ok(exe) => exe,
         Err(e) => {
