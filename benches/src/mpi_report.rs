@@ -400,6 +400,12 @@ pub fn run(
                             ))
                         }),
                     };
+                    if let Some(stem) = &job.timeline {
+                        // A file left by an earlier run must not pass for this job's.
+                        for rank in 0..n {
+                            let _ = std::fs::remove_file(timeline_file(stem, rank));
+                        }
+                    }
                     let r = run_job(exe, n, &job, None, &[])?.expect("failures are errors here");
                     if let Some(stem) = &job.timeline {
                         check_timelines(stem, n)?;
