@@ -204,14 +204,15 @@ impl Chaos {
     }
 }
 
-/// Parameters smaller than this (65,536 elements, 256 KiB in fp32) are replicated by default.
+/// Parameters with fewer elements than this are replicated by default: none, so every
+/// parameter is sharded.
 ///
-/// Measured in the scaling report (`benches/report/`, N=4, strategies alternating): rotating
-/// such layers costs more neighbour synchronisations than their data parallelism costs, and
-/// replicating them brought the small bench model from 1.39x DDP's step time to 1.03x and
-/// config A from 1.11x to 0.97x, while layers from 65,536 elements up stay sharded. Their
-/// replicated state is small next to the sharded layers of any model that needs RTP.
-pub const DEFAULT_SHARD_THRESHOLD: usize = 65_536;
+/// The scaling report's sweep (`benches/report/report.md`, "Replicating small layers", N=4,
+/// strategies alternating) measured 0 as the fastest threshold on both models it sweeps, and
+/// a replicated layer costs N times its state, which is what a user of RTP wants to avoid.
+/// Raise it with [`RtpConfig::with_shard_threshold`] where a model's many small layers make
+/// neighbour synchronisations cost more than their replicated state.
+pub const DEFAULT_SHARD_THRESHOLD: usize = 0;
 
 impl RtpConfig {
     /// A world of `world_size` ranks with the default settings.
