@@ -26,7 +26,15 @@ pub fn gather_module<B: Backend, M: Module<B>>(module: M) -> M {
     module.map(&mut Gather)
 }
 
-/// The full record item of a sharded model, ready for `Record::from_item` on any backend.
+/// The full record item of a sharded model, ready for `Record::from_item` on any backend
+/// (a collective: call it on every rank).
+///
+/// It stays in memory. To write a file that single-device Burn loads, record the gathered
+/// module with Burn's file recorder on one rank, after every rank has gathered:
+/// `NamedMpkFileRecorder::<FullPrecisionSettings>::new().record(gather_module(model).into_record(), path)`
+/// (which writes `path` with the extension `.mpk`, as its `load` reads it); a sharded
+/// checkpoint is written as one file by
+/// [`Checkpoint::consolidate`](crate::checkpoint::Checkpoint::consolidate), at the same path.
 pub fn consolidate<B: Backend, M: Module<B>, S: PrecisionSettings>(
     module: M,
 ) -> <M::Record as Record<B>>::Item<S> {

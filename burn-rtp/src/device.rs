@@ -7,6 +7,7 @@ use crate::shard_io::{ShardIo, ShardMap};
 use crate::transport::{HubOptions, InProcessHub, Transport};
 use crate::world::{find_rank_ctx, new_rank_ctx, RankCtx};
 use burn::tensor::backend::{Backend, DeviceId, DeviceOps};
+use burn::tensor::Element;
 use std::any::Any;
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -127,11 +128,35 @@ impl<B: Backend> RtpDevice<B> {
         crate::collectives::barrier(&self.ctx)
     }
 
-    /// The mean of `value` over all ranks (a collective: every rank must call it).
-    pub fn all_reduce_mean(&self, value: f32) -> f32 {
-        let sum =
-            crate::collectives::all_reduce_sum_host(&self.ctx, "all_reduce_mean", vec![value]);
-        sum[0] / self.ctx.world_size as f32
+    /// The mean of `value` over all ranks (a collective: every rank must call it), as the
+    /// element type it was given: pass a loss's `into_scalar()` directly, whatever the
+    /// backend's float element (`f32`, `f64`, `f16`), or any other Burn element.
+    ///
+    /// The values travel exactly (as their `f64` bits) and are summed in `f64` in rank order,
+    /// so every rank gets the same bits; the mean is rounded once, to `E`.
+    ///
+    /// ```
+    /// use burn::backend::{Autodiff, NdArray};
+    /// use burn::tensor::Tensor;
+    /// use burn_rtp::{launch, Rtp, RtpConfig};
+    ///
+    /// type B = Autodiff<Rtp<NdArray>>;
+    /// let means = launch(RtpConfig::new(3), |device| {
+    ///     let rank = device.rank() as f32;
+    ///     let loss = Tensor::<B, 1>::from_floats([rank, rank + 1.0], &device).mean();
+    ///     // The backend's element type in, the same type out.
+    ///     let loss = device.all_reduce_mean(loss.into_scalar());
+    ///     // Any other element too: here an f64 figure.
+    ///     let tokens = device.all_reduce_mean(1000.0 * (device.rank() + 1) as f64);
+    ///     (loss, tokens)
+    /// })
+    /// .unwrap();
+    /// // Ranks' losses 0.5, 1.5 and 2.5; their mean 1.5, on every rank.
+    /// assert!(means.iter().all(|&m| m == (1.5f32, 2000.0f64)));
+    /// ```
+    pub fn all_reduce_mean<E: Element>(&self, value: E) -> E {
+        let all = self.all_gather_f64("all_reduce_mean", value.to_f64());
+        E::from_elem(mean_in_rank_order(&all))
     }
 
     /// The mean of `value` over all ranks, or, when it is NaN or infinite on any rank, the
@@ -140,7 +165,8 @@ impl<B: Backend> RtpDevice<B> {
     ///
     /// Every rank gets the same verdict, so a training loop can stop on all ranks at once,
     /// before a bad update is applied or a checkpoint written. The mean is bit-identical to
-    /// [`all_reduce_mean`](Self::all_reduce_mean)'s.
+    /// [`all_reduce_mean`](Self::all_reduce_mean)'s for the same element type (the same
+    /// exact gather, the same `f64` sum in rank order, the same rounding to `E`).
     ///
     /// ```
     /// use burn_rtp::{launch, RtpConfig, RtpError};
@@ -154,14 +180,9 @@ impl<B: Backend> RtpDevice<B> {
     ///     assert!(matches!(verdict, Err(RtpError::NonFinite { step: 7, bad_rank: 1, .. })));
     /// }
     /// ```
-    pub fn check_finite(&self, step: u64, what: &str, value: f32) -> crate::RtpResult<f32> {
-        let all = crate::collectives::all_gather_host(&self.ctx, "check_finite", vec![value]);
-        if let Some((bad_rank, bad)) = all
-            .iter()
-            .map(|v| v[0])
-            .enumerate()
-            .find(|(_, v)| !v.is_finite())
-        {
+    pub fn check_finite<E: Element>(&self, step: u64, what: &str, value: E) -> crate::RtpResult<E> {
+        let all = self.all_gather_f64("check_finite", value.to_f64());
+        if let Some((bad_rank, bad)) = all.iter().enumerate().find(|(_, v)| !v.is_finite()) {
             return Err(crate::RtpError::NonFinite {
                 rank: self.ctx.rank,
                 step,
@@ -170,8 +191,24 @@ impl<B: Backend> RtpDevice<B> {
                 value: bad.to_string(),
             });
         }
-        let sum = crate::collectives::sum_in_rank_order(all);
-        Ok(sum[0] / self.ctx.world_size as f32)
+        Ok(E::from_elem(mean_in_rank_order(&all)))
+    }
+
+    /// Every rank's `value` on every rank, in rank order, exactly (as the bytes of its bits).
+    fn all_gather_f64(&self, op: &'static str, value: f64) -> Vec<f64> {
+        crate::collectives::all_gather_bytes(&self.ctx, op, &value.to_le_bytes())
+            .into_iter()
+            .map(|bytes| {
+                let bits: [u8; 8] = bytes.try_into().unwrap_or_else(|b: Vec<u8>| {
+                    panic!(
+                        "rank {}: `{op}` received {} bytes for an f64",
+                        self.ctx.rank,
+                        b.len()
+                    )
+                });
+                f64::from_le_bytes(bits)
+            })
+            .collect()
     }
 
     /// Whether `flag` is set on any rank (a collective). Ranks that each watch a local event,
@@ -264,6 +301,11 @@ pub fn register_device<B: Backend>(
     config: RtpConfig,
 ) -> RtpResult<RtpDevice<B>> {
     new_rank_ctx(rank, world_id, inner, transport, config).map(|ctx| RtpDevice { ctx })
+}
+
+/// The mean of every rank's value, summed in rank order in `f64`: the same bits on every rank.
+fn mean_in_rank_order(all: &[f64]) -> f64 {
+    all.iter().fold(0.0, |sum, v| sum + v) / all.len() as f64
 }
 
 /// Finds a device by the id Burn gave it.

@@ -48,10 +48,12 @@ fn a_non_finite_value_on_one_rank_is_the_same_error_on_every_rank() {
             assert_eq!(all.len(), world);
             for (rank, results) in all.iter().enumerate() {
                 assert_eq!(results.len(), 3, "world {world}, rank {rank}: {results:?}");
-                // Steps 1 and 2: the mean, summed in rank order: the same bits everywhere.
+                // Steps 1 and 2: the mean, summed in rank order (in f64): the same bits
+                // everywhere.
                 for step in [1u64, 2] {
-                    let sum = (0..world).fold(0.0f32, |a, r| a + value(step, r, &poison));
-                    assert_eq!(results[step as usize - 1], Ok(sum / world as f32));
+                    let sum =
+                        (0..world).fold(0.0f64, |a, r| a + f64::from(value(step, r, &poison)));
+                    assert_eq!(results[step as usize - 1], Ok((sum / world as f64) as f32));
                 }
                 let want = RtpError::NonFinite {
                     rank,

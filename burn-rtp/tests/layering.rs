@@ -36,8 +36,8 @@ const LAYERS: &[&[&str]] = &[
     &["ops", "optim"],
     // Starting worlds.
     &["launch"],
-    // Tools on top: the planner, consolidation, checkpoints.
-    &["plan", "consolidate", "checkpoint"],
+    // Tools on top: the planner, consolidation, checkpoints, the placement report.
+    &["plan", "consolidate", "checkpoint", "placement"],
 ];
 
 /// Strips `//` comments (doc comments included), keeping string contents as they are.

@@ -15,7 +15,8 @@
 //!   the files that hold its columns and re-slices them on the host. No rank builds the full
 //!   model.
 //! * [`Checkpoint::consolidate`] writes the whole model as one ordinary Burn record
-//!   (`NamedMpkFileRecorder`), assembled on the host, for single-device Burn.
+//!   (`NamedMpkFileRecorder`), assembled on the host, for single-device Burn, at the path
+//!   that recorder reads ([`record_file`]: the extension becomes `.mpk`).
 //! * [`RankRecorder`] writes the same checkpoints from burn-train's Learner
 //!   (`with_file_checkpointer`), and reads them back when a Learner resumes.
 
@@ -215,6 +216,16 @@ fn model_file(rank: usize) -> String {
 
 fn optim_file(rank: usize) -> String {
     format!("rank-{rank:05}.optim.mpk")
+}
+
+/// The file Burn's `NamedMpkFileRecorder` reads and writes for `path`: `path` with its
+/// extension set to `mpk` (Burn's file recorders call `PathBuf::set_extension`, which
+/// replaces the last extension: `model` and `model.mpk` name `model.mpk`, and so does
+/// `model.v2`). [`Checkpoint::consolidate`] writes there.
+pub fn record_file(path: &Path) -> PathBuf {
+    let mut file = path.to_path_buf();
+    file.set_extension("mpk");
+    file
 }
 
 /// The folder of step `step` under a checkpoint root.
@@ -557,10 +568,32 @@ impl Checkpoint {
         self.load_records(device, &out.map, (model, optim), (out.model, out.optim))
     }
 
-    /// Writes the whole model as one ordinary Burn record at `out` (named MessagePack, as
-    /// `NamedMpkFileRecorder` reads it), assembled on the host from the ranks' files.
-    pub fn consolidate(&self, out: &Path) -> Result<(), CheckpointError> {
-        write_atomic(out, &self.consolidated_records()?.0)
+    /// Writes the whole model as one ordinary Burn record (named MessagePack), assembled on
+    /// the host from the ranks' files, and returns the path it wrote.
+    ///
+    /// The file is the one `NamedMpkFileRecorder` reads for `out`: [`record_file`]`(out)`,
+    /// `out` with its extension set to `mpk` as Burn's file recorders set it. So `"model"`
+    /// and `"model.mpk"` both write `model.mpk`, and either path loads it back:
+    ///
+    /// ```no_run
+    /// # use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder, Recorder};
+    /// # fn f(ckpt: burn_rtp::checkpoint::Checkpoint) -> Result<(), Box<dyn std::error::Error>> {
+    /// # type B = burn::backend::NdArray;
+    /// # type MyModel = burn::nn::Linear<B>;
+    /// let written = ckpt.consolidate("model".as_ref())?; // writes model.mpk
+    /// let record = NamedMpkFileRecorder::<FullPrecisionSettings>::new()
+    ///     .load("model".into(), &Default::default())?; // reads model.mpk
+    /// # let _: <MyModel as burn::module::Module<B>>::Record = record;
+    /// # let _ = written;
+    /// # Ok(()) }
+    /// ```
+    pub fn consolidate(&self, out: &Path) -> Result<PathBuf, CheckpointError> {
+        let path = record_file(out);
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent).map_err(io(parent))?;
+        }
+        write_atomic(&path, &self.consolidated_records()?.0)?;
+        Ok(path)
     }
 
     /// The model and optimizer records of the whole model, as single-device Burn loads them
