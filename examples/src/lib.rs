@@ -5,7 +5,8 @@
 
 pub mod checkpoint;
 pub mod data;
-pub mod learner;
+#[cfg(feature = "learner")]
+pub mod learner_steps;
 pub mod model;
 pub mod plan;
 pub mod report;

@@ -1,10 +1,10 @@
 //! The GPT trained by burn-train's `Learner` on RTP ranks: one ordinary Learner per rank, with
 //! `RtpOptimizer`, Burn's metrics and validation; rank 0 prints the global loss.
 //!
-//! `cargo run --release --example learner -- --ranks 4 --epochs 2 --steps-per-epoch 50`
+//! `cargo run --release -p burn-rtp-learner -- --ranks 4 --epochs 2 --steps-per-epoch 50`
 
-use burn_rtp_examples::learner::{train_with_learner, LearnerConfig};
 use burn_rtp_examples::GptConfig;
+use burn_rtp_learner::{train_with_learner, LearnerConfig};
 use clap::Parser;
 use std::process::ExitCode;
 

@@ -6,7 +6,7 @@
 //!
 //! * **Data.** The dataset is the list of step indices. A batch of one index becomes this
 //!   rank's slice of that step's global batch, cut exactly as the hand-written loop
-//!   ([`crate::train`]) cuts it, so both train on the same data in the same order and give
+//!   ([`burn_rtp_examples::train`]) cuts it, so both train on the same data in the same order and give
 //!   the same losses.
 //! * **Global loss.** The train and validation steps put the mean of the ranks' losses into
 //!   their output (one scalar all-reduce, on the rank's thread), so the metrics report the
@@ -19,25 +19,25 @@
 //!   resharded and consolidated like any other). `resume_epoch` resumes through the Learner
 //!   (`SupervisedTraining::checkpoint`), and the batcher continues from that epoch's first step,
 //!   so training continues bit for bit.
+#![warn(missing_docs)]
 
-use crate::data::{Corpus, Windows};
-use crate::model::{Gpt, GptConfig};
 use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataloader::DataLoaderBuilder;
 use burn::data::dataset::InMemDataset;
 use burn::optim::AdamConfig;
 use burn::prelude::*;
 use burn::train::checkpoint::KeepLastNCheckpoints;
-use burn::train::metric::{Adaptor, LossInput, LossMetric, MetricDefinition, MetricEntry};
+use burn::train::metric::{LossMetric, MetricDefinition, MetricEntry};
 use burn::train::renderer::{
     EvaluationName, EvaluationProgress, MetricState, MetricsRenderer, MetricsRendererEvaluation,
     MetricsRendererTraining, ProgressType, TrainingProgress,
 };
-use burn::train::{
-    ExecutionStrategy, InferenceStep, ItemLazy, Learner, SupervisedTraining, TrainOutput, TrainStep,
-};
+use burn::train::{ExecutionStrategy, Learner, SupervisedTraining};
 use burn_rtp::checkpoint::RankRecorder;
 use burn_rtp::{Rtp, RtpConfig, RtpDevice, RtpOptimizer};
+use burn_rtp_examples::data::{Corpus, Windows};
+use burn_rtp_examples::learner_steps::{GptBatch, LearnerBackend};
+use burn_rtp_examples::model::{Gpt, GptConfig};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -45,67 +45,6 @@ use std::sync::{Arc, Mutex};
 
 /// The inner backend of the Learner example (CPU).
 type I = burn::backend::NdArray;
-/// The training backend of every rank.
-pub type LearnerBackend = burn::backend::Autodiff<Rtp<I>>;
-
-/// This rank's slice of one step's batch.
-#[derive(Clone, Debug)]
-pub struct GptBatch<B: Backend> {
-    tokens: Tensor<B, 2, Int>,
-    targets: Tensor<B, 2, Int>,
-}
-
-/// What a train or validation step reports: the loss averaged over every rank.
-#[derive(Clone, Debug)]
-pub struct GlobalLoss {
-    /// Mean of the ranks' losses.
-    pub value: f64,
-}
-
-impl ItemLazy for GlobalLoss {
-    type ItemSync = Self;
-
-    fn sync(self) -> Self {
-        self
-    }
-}
-
-impl Adaptor<LossInput<I>> for GlobalLoss {
-    fn adapt(&self) -> LossInput<I> {
-        LossInput::new(Tensor::from_floats(
-            [self.value as f32],
-            &Default::default(),
-        ))
-    }
-}
-
-/// The mean over ranks of a rank's loss (a collective every rank runs in the same order).
-fn global<B: Backend<Device = RtpDevice<I>>>(loss: &Tensor<B, 1>) -> GlobalLoss {
-    let local = loss.clone().into_scalar().elem::<f32>();
-    GlobalLoss {
-        value: f64::from(loss.device().all_reduce_mean(local)),
-    }
-}
-
-impl TrainStep for Gpt<LearnerBackend> {
-    type Input = GptBatch<LearnerBackend>;
-    type Output = GlobalLoss;
-
-    fn step(&self, batch: Self::Input) -> TrainOutput<GlobalLoss> {
-        let loss = self.loss(batch.tokens, batch.targets);
-        let report = global(&loss);
-        TrainOutput::new(self, loss.backward(), report)
-    }
-}
-
-impl InferenceStep for Gpt<Rtp<I>> {
-    type Input = GptBatch<Rtp<I>>;
-    type Output = GlobalLoss;
-
-    fn step(&self, batch: Self::Input) -> GlobalLoss {
-        global(&self.loss(batch.tokens, batch.targets))
-    }
-}
 
 /// Builds this rank's slice of a step's global batch (training) or of a validation batch.
 #[derive(Clone)]

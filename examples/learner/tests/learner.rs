@@ -1,14 +1,13 @@
 //! burn-train's Learner, one per rank with `RtpOptimizer`, trains exactly as the hand-written
 //! loop does: the same global loss at every step, at N = 2 and 3.
 
+#[path = "../../tests/common.rs"]
 mod common;
 
 use burn::backend::NdArray;
 use burn_rtp::checkpoint::{step_dir, Checkpoint};
-use burn_rtp_examples::learner::{
-    checkpoint_root, train_with_learner, LearnerConfig, LearnerError,
-};
 use burn_rtp_examples::{train, Strategy};
+use burn_rtp_learner::{checkpoint_root, train_with_learner, LearnerConfig, LearnerError};
 use common::*;
 
 fn learner_equals_loop(ranks: usize) {

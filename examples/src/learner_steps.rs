@@ -1,0 +1,78 @@
+//! The GPT's train and validation steps for burn-train's `Learner` (feature `learner`).
+//!
+//! They live here, beside [`Gpt`], because Rust lets only the crate of a type or of a trait
+//! implement one for the other; the Learner example (`examples/learner`, package
+//! `burn-rtp-learner`) turns the feature on, so that the quick start's build, which does not
+//! include that package, leaves burn-train out.
+
+use crate::model::Gpt;
+use burn::prelude::*;
+use burn::train::metric::{Adaptor, LossInput};
+use burn::train::{InferenceStep, ItemLazy, TrainOutput, TrainStep};
+use burn_rtp::{Rtp, RtpDevice};
+
+/// The inner backend of the Learner example (CPU).
+type I = burn::backend::NdArray;
+/// The training backend of every rank.
+pub type LearnerBackend = burn::backend::Autodiff<Rtp<I>>;
+
+/// This rank's slice of one step's batch.
+#[derive(Clone, Debug)]
+pub struct GptBatch<B: Backend> {
+    /// Input tokens, one row per sequence.
+    pub tokens: Tensor<B, 2, Int>,
+    /// The next token of each position.
+    pub targets: Tensor<B, 2, Int>,
+}
+
+/// What a train or validation step reports: the loss averaged over every rank.
+#[derive(Clone, Debug)]
+pub struct GlobalLoss {
+    /// Mean of the ranks' losses.
+    pub value: f64,
+}
+
+impl ItemLazy for GlobalLoss {
+    type ItemSync = Self;
+
+    fn sync(self) -> Self {
+        self
+    }
+}
+
+impl Adaptor<LossInput<I>> for GlobalLoss {
+    fn adapt(&self) -> LossInput<I> {
+        LossInput::new(Tensor::from_floats(
+            [self.value as f32],
+            &Default::default(),
+        ))
+    }
+}
+
+/// The mean over ranks of a rank's loss (a collective every rank runs in the same order).
+fn global<B: Backend<Device = RtpDevice<I>>>(loss: &Tensor<B, 1>) -> GlobalLoss {
+    let local = loss.clone().into_scalar().elem::<f32>();
+    GlobalLoss {
+        value: f64::from(loss.device().all_reduce_mean(local)),
+    }
+}
+
+impl TrainStep for Gpt<LearnerBackend> {
+    type Input = GptBatch<LearnerBackend>;
+    type Output = GlobalLoss;
+
+    fn step(&self, batch: Self::Input) -> TrainOutput<GlobalLoss> {
+        let loss = self.loss(batch.tokens, batch.targets);
+        let report = global(&loss);
+        TrainOutput::new(self, loss.backward(), report)
+    }
+}
+
+impl InferenceStep for Gpt<Rtp<I>> {
+    type Input = GptBatch<Rtp<I>>;
+    type Output = GlobalLoss;
+
+    fn step(&self, batch: Self::Input) -> GlobalLoss {
+        global(&self.loss(batch.tokens, batch.targets))
+    }
+}
