@@ -36,7 +36,8 @@ enum Command {
         /// Checkpoint folder (a step-* folder or the --checkpoint-dir root).
         #[arg(long)]
         checkpoint: PathBuf,
-        /// Output file.
+        /// Output file, as Burn's `NamedMpkFileRecorder` names it: the extension becomes
+        /// `.mpk` (`--out model` writes `model.mpk`).
         #[arg(long)]
         out: PathBuf,
     },
@@ -76,7 +77,7 @@ struct ModelArgs {
     #[arg(long)]
     tie_embeddings: bool,
     /// Replicate parameters with fewer elements than this instead of sharding them
-    /// (default: the library's measured crossover, 65536; 0 shards every parameter).
+    /// [default: 0, every parameter sharded].
     #[arg(long)]
     shard_threshold: Option<usize>,
 }
@@ -175,6 +176,10 @@ struct TrainArgs {
     /// Evaluate every this many steps.
     #[arg(long, default_value_t = 50)]
     eval_every: usize,
+    /// Bytes of text to generate after training (0: none). Each byte re-runs the whole
+    /// model, with a ring pass or a gather per layer.
+    #[arg(long, default_value_t = 200)]
+    sample_bytes: usize,
 }
 
 fn parse_fault(s: &str) -> Result<(usize, usize), String> {
@@ -201,7 +206,7 @@ impl Progress for Bar {
             .map(|n| format!(" | grad norm {n:.3}"))
             .unwrap_or_default();
         let msg = format!(
-            "train {:.3} | val {:.3} nats/byte | lr {:.2e}{norm} | {:.0} tok/s | rank 0 peak: state {}, activations {}, in flight {}",
+            "train {:.3} | val {:.3} nats/byte | lr {:.2e}{norm} | {:.0} tok/s | rank 0 peak: state {}, local {}, in flight {}",
             e.train_loss,
             e.val_loss,
             e.lr,
@@ -291,7 +296,7 @@ fn print_summary(out: &TrainOutcome) {
         "ideal (1/N)",
         "ratio",
         "in flight",
-        "activations",
+        "local",
         "peak total",
         rss_label
     );
@@ -308,6 +313,7 @@ fn print_summary(out: &TrainOutcome) {
             human_bytes(r.peak_rss_bytes_per_rank.get(rank).copied().unwrap_or(0)),
         );
     }
+    println!("(model state: this rank's parameters, gradients and Adam moments; local: its activations, temporaries and gradients before their reduction)");
     if r.transport != "mpi" {
         println!("(in-process: every rank is a thread of one process, so the RSS column is that whole process)");
     }
@@ -368,7 +374,7 @@ fn plan(budget: &str, batch: usize, max_ranks: usize, model: &ModelArgs) -> Exit
     );
     println!(
         "\n{:>5}  {:<20}  {:>12}  {:>12}  {:>12}  {:>12}  fits",
-        "ranks", "strategy", "model state", "activations", "in flight", "total"
+        "ranks", "strategy", "model state", "local", "in flight", "total"
     );
     let mut worlds: Vec<usize> = [1, 2, 4, 8, 16]
         .into_iter()
@@ -396,6 +402,9 @@ fn plan(budget: &str, batch: usize, max_ranks: usize, model: &ModelArgs) -> Exit
             human_bytes(p.total),
         );
     }
+    println!(
+        "\n(local: activations, temporaries and gradients before their reduction, from the probe)"
+    );
     match recommended {
         Ok(r) => {
             println!(
@@ -430,7 +439,7 @@ fn main() -> ExitCode {
                     m.step,
                     m.world_size,
                     m.strategy,
-                    out.display()
+                    burn_rtp::checkpoint::record_file(out).display()
                 );
                 ExitCode::SUCCESS
             }
@@ -511,7 +520,7 @@ fn main() -> ExitCode {
     cfg.resume = a.resume.clone();
     cfg.init = a.init.clone();
     cfg.eval_every = a.eval_every;
-    cfg.sample_bytes = 200;
+    cfg.sample_bytes = a.sample_bytes;
     if let Err(e) = cfg.validate() {
         eprintln!("error: {e}");
         return ExitCode::FAILURE;

@@ -77,7 +77,8 @@ pub fn open_for(
 }
 
 /// Writes the checkpoint at `checkpoint` as one ordinary Burn record of the whole model at
-/// `out` (named MessagePack, assembled on the host), which single-device Burn loads with [`load_consolidated`].
+/// `out` with the extension `.mpk` (named MessagePack, assembled on the host; the file
+/// `NamedMpkFileRecorder` reads for `out`), which single-device Burn loads with [`load_consolidated`].
 pub fn consolidate_checkpoint(checkpoint: &Path, out: &Path) -> Result<Manifest, CheckpointError> {
     let ckpt = Checkpoint::open(checkpoint)?;
     ckpt.consolidate(out)?;

@@ -76,7 +76,7 @@ pub struct TrainConfig {
     /// flight.
     pub mpi_progress: MpiProgress,
     /// Parameters below this many elements are replicated, not sharded (`None`: the
-    /// library's measured default, [`burn_rtp::DEFAULT_SHARD_THRESHOLD`]).
+    /// library's default, [`burn_rtp::DEFAULT_SHARD_THRESHOLD`]).
     pub shard_threshold: Option<usize>,
 }
 
@@ -474,6 +474,22 @@ impl RankJob<'_> {
         }
         if let Some(ckpt) = self.resume {
             (model, optim) = ckpt.load(device, model, optim)?;
+        }
+        if device.rank() == 0 {
+            // Which parameters the shard threshold left whole, before any step runs.
+            let placed = burn_rtp::placement(&model);
+            let whole: Vec<&str> = placed
+                .params
+                .iter()
+                .filter(|p| matches!(p.layout, burn_rtp::Layout::Replicated))
+                .map(|p| p.path.as_str())
+                .collect();
+            let names = match whole.len() {
+                0 => String::new(),
+                n if n <= 6 => format!(": {}", whole.join(", ")),
+                n => format!(": {}, and {} more", whole[..6].join(", "), n - 6),
+            };
+            println!("placement on rank 0: {}{names}", placed.summary());
         }
         Ok((model, optim, self.schedule.clone()))
     }
