@@ -3,6 +3,7 @@
 #![warn(missing_docs)]
 
 pub mod burn_ddp;
+pub mod figures;
 pub mod mpi_report;
 pub mod peer_mlp;
 pub mod planner_check;

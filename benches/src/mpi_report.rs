@@ -654,20 +654,6 @@ pub fn planner_rows(
     Ok(planner_rows)
 }
 
-/// The targets: (key, target, whether lower is better).
-const TARGETS: [(&str, f64, bool); 10] = [
-    ("mpi_rtp_over_ddp_rss_b_n4", 0.40, true),
-    ("mpi_rtp_over_ddp_step_a_n2", 1.05, true),
-    ("mpi_rtp_over_ddp_step_a_n4", 1.05, true),
-    ("mpi_rtp_over_ddp_step_b_n2", 1.05, true),
-    ("mpi_rtp_over_ddp_step_b_n4", 1.05, true),
-    ("mpi_rtp_over_fsdp_step_a_n4", 1.00, true),
-    ("mpi_rtp_over_fsdp_step_b_n4", 1.00, true),
-    ("mpi_capacity_rtp_over_ddp_n4", 3.5, false),
-    ("mpi_overlap_fraction_b_n4", 0.8, false),
-    ("planner_max_rel_error_rss", 0.20, true),
-];
-
 fn markdown(
     cfg: &MpiReportConfig,
     report: &Value,
@@ -691,20 +677,8 @@ fn markdown(
             c.batch_per_rank
         );
     }
-    md += "\n| figure | measured | target | verdict |\n|---|---|---|---|\n";
-    for (key, target, lower) in TARGETS {
-        let v = report[key].as_f64().unwrap_or(f64::NAN);
-        let met = if lower { v <= target } else { v >= target };
-        let verdict = if met {
-            "met".to_string()
-        } else if lower {
-            format!("missed by {:.0}%", (v / target - 1.0) * 100.0)
-        } else {
-            format!("missed: {:.0}% of target", v / target * 100.0)
-        };
-        let bound = if lower { "≤" } else { "≥" };
-        md += &format!("| `{key}` | {v:.3} | {bound} {target} | {verdict} |\n");
-    }
+    md += "\n";
+    md += &crate::figures::targets_table(crate::figures::MPI, report);
     md += &format!(
         "\nEach process's communication thread paces its tests of transfers in flight as `--mpi-progress {}` asks (spin: back to back while bytes are in flight; backoff: sleeps of up to 200 µs), and asks the kernel for a 100 µs scheduler slice, so that it gets a core as soon as it wakes (taken on Linux 6.12 and later). The last column shows what each cell's processes ran.\n",
         cfg.mpi_progress
@@ -836,13 +810,8 @@ fn plots(
     )
 }
 
-/// Checks that an MPI report has every headline key with a finite value.
+/// Checks that an MPI report has every headline figure ([`crate::figures::MPI`]) as a
+/// finite number.
 pub fn check_keys(report: &Value) -> Result<(), String> {
-    for (key, _, _) in TARGETS {
-        match report.get(key).and_then(Value::as_f64) {
-            Some(v) if v.is_finite() => {}
-            other => return Err(format!("{key} is {other:?}")),
-        }
-    }
-    Ok(())
+    crate::figures::check_keys(crate::figures::MPI, report)
 }

@@ -591,69 +591,6 @@ pub fn run(cfg: &ReportConfig, log: &dyn Fn(&str)) -> Result<Value, Box<dyn std:
     Ok(report)
 }
 
-const TARGETS: [(&str, &str, f64, bool); 10] = [
-    (
-        "rtp_over_ddp_peak_n4",
-        "RTP peak / DDP peak at N=4",
-        0.30,
-        true,
-    ),
-    (
-        "rtp_over_fsdp_peak_n4",
-        "RTP peak / FSDP peak at N=4",
-        0.80,
-        true,
-    ),
-    (
-        "memory_scaling_efficiency_n8",
-        "memory-scaling efficiency at N=8",
-        0.95,
-        false,
-    ),
-    (
-        "rtp_over_ddp_step_time_n4",
-        "RTP step time / DDP step time at N=4",
-        1.10,
-        true,
-    ),
-    (
-        "capacity_rtp_over_ddp_n4",
-        "largest model, RTP / DDP, at N=4",
-        3.5,
-        false,
-    ),
-    (
-        "rtp_over_ddp_step_time_a_n4",
-        "RTP step time / DDP step time, config A, N=4",
-        1.05,
-        true,
-    ),
-    (
-        "rtp_over_ddp_step_time_small_n4",
-        "RTP step time / DDP step time, small model, N=4",
-        1.05,
-        true,
-    ),
-    (
-        "rtp_over_ddp_step_time_small_n8",
-        "RTP step time / DDP step time, small model, N=8",
-        1.10,
-        true,
-    ),
-    (
-        "syncs_per_linear_backward_n4",
-        "exchanges per Linear backward, N=4 (N-1 = 3)",
-        3.0,
-        true,
-    ),
-    (
-        "planner_max_rel_error_ledger",
-        "memory planner: largest |error| of the predicted peak, over the grid",
-        0.10,
-        true,
-    ),
-];
-
 /// The measured tables, for the markdown report.
 struct Tables<'a> {
     memory: &'a [MemoryRow],
@@ -677,35 +614,10 @@ fn markdown(cfg: &ReportConfig, headline: &Value, machine: &Value, tables: &Tabl
         machine["cores"], machine["inner_backend"].as_str().unwrap_or(""), machine["transport"].as_str().unwrap_or(""),
         cfg.ranks, cfg.model.d_model, cfg.model.layers, cfg.model.heads, cfg.model.seq, machine["model"]["params"], cfg.batch
     );
-    md += "## Figures\n\n| figure | measured | target | |\n|---|---|---|---|\n";
-    for (key, label, target, at_most) in TARGETS {
-        let v = headline[key].as_f64().unwrap_or(f64::NAN);
-        let met = if at_most { v <= target } else { v >= target };
-        let verdict = if met {
-            "met".to_string()
-        } else if at_most {
-            format!(
-                "missed by {:.2} ({:.0}% over)",
-                v - target,
-                100.0 * (v / target - 1.0)
-            )
-        } else {
-            format!(
-                "missed by {:.2} ({:.0}% under)",
-                target - v,
-                100.0 * (1.0 - v / target)
-            )
-        };
-        md += &format!(
-            "| {label} | {v:.3} | {} {target} | {verdict} |\n",
-            if at_most { "<=" } else { ">=" }
-        );
-    }
-    md += &format!(
-        "| fraction of rotation transfer time hidden behind compute, N=4 | {:.3} | | |\n\n",
-        headline["overlap_fraction_n4"].as_f64().unwrap_or(f64::NAN)
-    );
-    md += "## Peak memory per rank (worst rank)\n\n| strategy | N | model state | activations | in flight | total | ideal model state (single / N) |\n|---|---|---|---|---|---|---|\n";
+    md += "## Figures\n\n";
+    md += &crate::figures::targets_table(crate::figures::IN_PROCESS, headline);
+    md += "\n";
+    md += "## Peak memory per rank (worst rank)\n\n| strategy | N | model state | local (activations, gradients before reduction) | in flight | total | ideal model state (single / N) |\n|---|---|---|---|---|---|---|\n";
     for r in memory {
         md += &format!(
             "| {} | {} | {} | {} | {} | {} | {} |\n",
@@ -726,7 +638,7 @@ fn markdown(cfg: &ReportConfig, headline: &Value, machine: &Value, tables: &Tabl
         );
     }
     md += &format!(
-        "\n## Step time on further models (median, min and max of alternating samples)\n\nOne Linear backward (every parameter sharded) made {} exchanges with its neighbours at N=4 (one ring pass: N-1 = 3). Exchanges per step are counted by the ranks as they happen; each step also ends with one barrier. These runs use the default shard threshold ({} elements): every parameter of the small model is below it, so there RTP replicates every layer and runs as data parallelism; config A keeps all its matrices (65,536 elements and up) sharded.\n\n| model | strategy | N | step (median) | min - max | / DDP | exchanges per step |\n|---|---|---|---|---|---|---|\n",
+        "\n## Step time on further models (median, min and max of alternating samples)\n\nOne Linear backward (every parameter sharded) made {} exchanges with its neighbours at N=4 (one ring pass: N-1 = 3). Exchanges per step are counted by the ranks as they happen; each step also ends with one barrier. These runs use the default shard threshold ({} elements; 0 shards every parameter).\n\n| model | strategy | N | step (median) | min - max | / DDP | exchanges per step |\n|---|---|---|---|---|---|---|\n",
         headline["syncs_per_linear_backward_n4"],
         burn_rtp::DEFAULT_SHARD_THRESHOLD
     );
@@ -770,7 +682,7 @@ fn markdown(cfg: &ReportConfig, headline: &Value, machine: &Value, tables: &Tabl
             c.strategy, c.d_model, c.layers, c.params
         );
     }
-    md += "\n## Notes\n\n* Memory is what the decorator's accounting holds per rank: model state (parameter shards, gradients, Adam moments), activations and temporaries, and rotation buffers or gathered FSDP units (in flight).\n* Burn's own DDP (burn-train's `DistributedDataParallel`) is not in this table: it needs Burn's `distributed` feature and a `DistributedBackend`, which NdArray does not implement (and turning the feature on breaks plain `Autodiff<NdArray>` in the same build). Our `ddp` is the same algorithm on the same transport and backend, and its Linear runs the same kernel as RTP's steps (on NdArray, the native GEMM over the whole weight), so the ratios measure the rotation, not the kernel.\n* The in-process transport hands tensors between rank threads without copying, so transfer time here is waiting for the neighbour; overlap is the share of that waiting that ran concurrently with this rank's compute.\n\nPlots: `memory.svg`, `efficiency.svg`, `step_time.svg`, `capacity.svg`, `planner.svg`.\n";
+    md += "\n## Notes\n\n* Memory is what the decorator's accounting holds per rank: model state (parameter shards, gradients, Adam moments), local (activations, temporaries and gradients before their reduction), and rotation buffers or gathered FSDP units (in flight).\n* Burn's own DDP (burn-train's `DistributedDataParallel`) is not in this table: it needs Burn's `distributed` feature and a `DistributedBackend`, which NdArray does not implement (and turning the feature on breaks plain `Autodiff<NdArray>` in the same build). Our `ddp` is the same algorithm on the same transport and backend, and its Linear runs the same kernel as RTP's steps (on NdArray, the native GEMM over the whole weight), so the ratios measure the rotation, not the kernel.\n* The in-process transport hands tensors between rank threads without copying, so transfer time here is waiting for the neighbour; overlap is the share of that waiting that ran concurrently with this rank's compute.\n\nPlots: `memory.svg`, `efficiency.svg`, `step_time.svg`, `capacity.svg`, `planner.svg`.\n";
     md
 }
 
@@ -955,27 +867,10 @@ mod plots {
 
 pub(crate) use plots::{bars as plot_bars, lines as plot_lines};
 
-/// Checks that a report JSON has every headline key with a finite value.
+/// Checks that a report JSON has every headline figure ([`crate::figures::IN_PROCESS`]) as
+/// a finite number.
 pub fn check_keys(report: &Value) -> Result<(), String> {
-    for key in [
-        "rtp_over_ddp_peak_n4",
-        "rtp_over_fsdp_peak_n4",
-        "memory_scaling_efficiency_n8",
-        "rtp_over_ddp_step_time_n4",
-        "capacity_rtp_over_ddp_n4",
-        "overlap_fraction_n4",
-        "rtp_over_ddp_step_time_a_n4",
-        "rtp_over_ddp_step_time_small_n4",
-        "rtp_over_ddp_step_time_small_n8",
-        "syncs_per_linear_backward_n4",
-        "planner_max_rel_error_ledger",
-    ] {
-        match report.get(key).and_then(Value::as_f64) {
-            Some(v) if v.is_finite() => {}
-            other => return Err(format!("{key} is {other:?}")),
-        }
-    }
-    Ok(())
+    crate::figures::check_keys(crate::figures::IN_PROCESS, report)
 }
 
 /// Where `scaling-report` writes by default.
