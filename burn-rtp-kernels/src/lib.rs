@@ -6,6 +6,25 @@
 //! beside the generic composition of Burn ops that other backends run; the Linear's folder
 //! also holds NdArray's native steps (its GEMM on strided views). Which one a backend runs is
 //! [`RotationKernels`], in [`dispatch`].
+//!
+//! This crate is burn-rtp's compute layer; most users reach it only through `burn-rtp`.
+//!
+//! # Feature flags
+//!
+//! | feature | what it adds |
+//! |---|---|
+//! | (none) | the generic compositions of Burn ops, and NdArray's native steps |
+//! | `cube` | the fused `#[cube]` kernels for any cubecl runtime (`CubeBackend`) |
+//! | `wgpu` | `cube` on wgpu (tested on Mesa's lavapipe) |
+//! | `cuda` | `cube` on CUDA; it compiles, and has not yet run on a GPU |
+//! | `fusion` | `Fusion<..>` over a cube backend, which runs the generic compositions |
+//!
+//! # Process-wide effects
+//!
+//! * [`set_fused_kernels`] switches every caller in the process between the fused kernels and
+//!   the compositions they replace; [`fused_launches`] counts the process's fused launches.
+//! * `set_gemm_tiling` (feature `cube`) forces one register tiling for every fused GEMM
+//!   launched afterwards in the process.
 #![warn(missing_docs)]
 
 pub mod dispatch;

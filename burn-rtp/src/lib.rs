@@ -1,4 +1,89 @@
-#![doc = include_str!("../../README.md")]
+//! Rotated Tensor Parallelism (RTP) for [Burn](https://burn.dev) 0.21, as a backend
+//! decorator.
+//!
+//! Change the backend type from `Autodiff<B>` to `Autodiff<Rtp<B>>` and run the same training
+//! code on N ranks: each rank keeps 1/N of every parameter, its gradient and its optimizer
+//! state. Inside every `Linear` and `Embedding`, forward and backward, weight shards rotate
+//! around a ring of ranks while each rank computes with the shard on hand; the weight gradient
+//! is reduced on its way around the ring, so no gradient ever exists in full. Training gives
+//! single-device Burn's losses, to rounding.
+//!
+//! # Example
+//!
+//! Four in-process ranks train one `Linear` with Adam; each holds a quarter of its weight and
+//! of Adam's moments.
+//!
+//! ```
+//! use burn::backend::{Autodiff, NdArray};
+//! use burn::nn::{Linear, LinearConfig};
+//! use burn::optim::{AdamConfig, GradientsParams, Optimizer};
+//! use burn::tensor::{Distribution, Tensor};
+//! use burn_rtp::{launch, Rtp, RtpConfig, RtpOptimizer};
+//!
+//! type B = Autodiff<Rtp<NdArray>>; // was Autodiff<NdArray>
+//!
+//! fn main() -> Result<(), burn_rtp::RtpError> {
+//!     // One closure per rank; `launch` returns each rank's result in rank order.
+//!     let last_losses = launch(RtpConfig::new(4), |device| {
+//!         let mut model: Linear<B> = LinearConfig::new(32, 48).init(&device);
+//!         let mut optim = RtpOptimizer::new(AdamConfig::new().init()); // the one extra line
+//!         let mut loss_value = 0.0;
+//!         for _step in 0..3 {
+//!             // This rank's slice of the global batch.
+//!             let x = Tensor::<B, 2>::random([8, 32], Distribution::Default, &device);
+//!             let loss = model.forward(x).powf_scalar(2.0).mean();
+//!             loss_value = device.all_reduce_mean(loss.clone().into_scalar());
+//!             let grads = GradientsParams::from_grads(loss.backward(), &model);
+//!             model = optim.step(1e-3, model, grads);
+//!         }
+//!         loss_value // the mean over ranks: the same on every rank
+//!     })?;
+//!     assert!(last_losses.iter().all(|l| *l == last_losses[0]));
+//!     Ok(())
+//! }
+//! ```
+//!
+//! * [`launch`] runs the closure once per rank: on threads of this process by default, or,
+//!   started by `mpirun` with the `mpi` feature, once in this process as its rank.
+//! * [`RtpOptimizer`] wraps any Burn optimizer. It averages over ranks the gradients of
+//!   parameters used outside `Linear` and `Embedding` (LayerNorm gains, say) and shards them
+//!   like their parameter; forgetting it is [`RtpError::AmbiguousMix`], never a wrong result.
+//! * [`RtpConfig`] picks the strategy ([`Strategy::Rtp`], or the [`Strategy::Fsdp`] and
+//!   [`Strategy::Ddp`] baselines), the rotation mode, the shard threshold
+//!   ([`DEFAULT_SHARD_THRESHOLD`] is 0: every parameter sharded), the transport and its timeouts.
+//! * [`checkpoint`] saves and loads sharded checkpoints, reshards them into another world and
+//!   consolidates them into an ordinary Burn record; [`plan`] predicts each rank's peak memory
+//!   before a run.
+//!
+//! # Feature flags
+//!
+//! | feature | what it adds |
+//! |---|---|
+//! | (none) | `Rtp<B>` over any Burn backend; in-process ranks; NdArray's native rotation steps |
+//! | `mpi` | one rank per process under `mpirun`, on Open MPI (needs `libopenmpi-dev` and `libclang-dev` to build) |
+//! | `wgpu` | `Rtp<Wgpu>` with the fused `#[cube]` rotation kernels (runs on Mesa's lavapipe) |
+//! | `cuda` | `Rtp<Cuda>` with the fused `#[cube]` kernels; it compiles, and has not yet run on a GPU |
+//!
+//! # Process-wide effects
+//!
+//! The crate changes state that the whole process shares in these places, and nowhere else:
+//!
+//! * **A panic hook.** The first [`launch`] installs a hook that prints an [`RtpError`] raised
+//!   inside a backend op as one readable line, and hands every other panic to the hook that
+//!   was installed before it.
+//! * **The glibc malloc arenas, under MPI only.** Before its communication thread starts, the
+//!   MPI transport calls `mallopt(M_ARENA_MAX, 1)` unless `MALLOC_ARENA_MAX` is set, so that
+//!   received buffers are not faulted in again after each trim of a second arena. The
+//!   application that embeds the crate then allocates from one arena too.
+//! * **The fused-kernel switch.** [`set_fused_kernels`] chooses, for every rank of the process,
+//!   between the crate's own rotation kernels and the compositions of Burn ops they replace.
+//! * **The GEMM tiling override** (`burn_rtp_kernels::set_gemm_tiling`, cube backends only)
+//!   forces one register tiling for every fused GEMM launched from then on.
+//! * **The device registry.** Each live rank holds a registered [`RtpDevice`] id, released
+//!   when the rank ends; [`register_device`] adds one by hand.
+//!
+//! The repository's `docs/` folder explains the design (`architecture.md`), multi-process runs
+//! (`mpi.md`), porting a model (`porting.md`), the tests and the performance reports.
 #![warn(missing_docs)]
 
 mod accounting;
