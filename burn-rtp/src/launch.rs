@@ -206,6 +206,7 @@ where
     let endpoint = MpiEndpoint(std::sync::Arc::new(MpiTransport::start(
         config.peer_timeout,
         config.mpi_progress,
+        config.one_malloc_arena,
     )?));
     let rank = Transport::<B::FloatTensorPrimitive>::rank(&endpoint);
     if rank != launch.rank {
