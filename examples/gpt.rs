@@ -115,6 +115,10 @@ struct TrainArgs {
     /// flight (auto | spin | backoff).
     #[arg(long, default_value = "auto")]
     mpi_progress: MpiProgress,
+    /// Under MPI: leave glibc's malloc arenas as they are, instead of asking for one arena
+    /// per process (which makes received buffers reusable by the rank that frees them).
+    #[arg(long)]
+    mpi_keep_malloc_arenas: bool,
     /// out-of-place | in-place
     #[arg(long, default_value = "out-of-place")]
     rotation: RotationMode,
@@ -503,6 +507,7 @@ fn main() -> ExitCode {
     }
     cfg.rotation = a.rotation;
     cfg.mpi_progress = a.mpi_progress;
+    cfg.one_malloc_arena = !a.mpi_keep_malloc_arenas;
     cfg.steps = a.steps;
     cfg.batch = a.batch;
     cfg.model = a.model.config();

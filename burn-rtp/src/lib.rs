@@ -74,7 +74,8 @@
 //! * **The glibc malloc arenas, under MPI only.** Before its communication thread starts, the
 //!   MPI transport calls `mallopt(M_ARENA_MAX, 1)` unless `MALLOC_ARENA_MAX` is set, so that
 //!   received buffers are not faulted in again after each trim of a second arena. The
-//!   application that embeds the crate then allocates from one arena too.
+//!   application that embeds the crate then allocates from one arena too;
+//!   `RtpConfig::with_one_malloc_arena(false)` leaves the allocator alone.
 //! * **The fused-kernel switch.** [`set_fused_kernels`] chooses, for every rank of the process,
 //!   between the crate's own rotation kernels and the compositions of Burn ops they replace.
 //! * **The GEMM tiling override** (`burn_rtp_kernels::set_gemm_tiling`, cube backends only)

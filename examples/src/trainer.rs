@@ -75,6 +75,9 @@ pub struct TrainConfig {
     /// Under MPI, how each process's communication thread paces its tests of transfers in
     /// flight.
     pub mpi_progress: MpiProgress,
+    /// Under MPI, whether glibc is asked for one malloc arena per process
+    /// ([`burn_rtp::RtpConfig::with_one_malloc_arena`]).
+    pub one_malloc_arena: bool,
     /// Parameters below this many elements are replicated, not sharded (`None`: the
     /// library's default, [`burn_rtp::DEFAULT_SHARD_THRESHOLD`]).
     pub shard_threshold: Option<usize>,
@@ -108,6 +111,7 @@ impl TrainConfig {
             transport: None,
             peer_timeout: None,
             mpi_progress: MpiProgress::Auto,
+            one_malloc_arena: true,
             shard_threshold: None,
         }
     }
@@ -668,7 +672,9 @@ pub fn train<I: RotationKernels>(
     if let Some(timeout) = cfg.peer_timeout {
         rtp = rtp.with_peer_timeout(timeout);
     }
-    rtp = rtp.with_mpi_progress(cfg.mpi_progress);
+    rtp = rtp
+        .with_mpi_progress(cfg.mpi_progress)
+        .with_one_malloc_arena(cfg.one_malloc_arena);
     let job = RankJob {
         cfg,
         corpus: &corpus,

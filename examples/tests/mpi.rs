@@ -37,6 +37,9 @@ fn child_config() -> TrainConfig {
     if let Ok(progress) = std::env::var("RTP_TEST_MPI_PROGRESS") {
         cfg.mpi_progress = progress.parse().unwrap();
     }
+    if std::env::var_os("RTP_TEST_KEEP_MALLOC_ARENAS").is_some() {
+        cfg.one_malloc_arena = false;
+    }
     cfg
 }
 
@@ -207,7 +210,7 @@ fn mpi_training_matches_single_device_and_in_process() {
 /// `backoff` keeps sleeping between tests. The pacing changes when bytes move, not what
 /// arrives: both runs train the same losses. Where the kernel takes it, every rank's
 /// communication thread runs with the short scheduler slice it asks for, and on glibc every
-/// process with one malloc arena.
+/// process with one malloc arena, unless the configuration leaves the allocator alone.
 #[test]
 fn auto_progress_spins_where_the_transport_needs_calls_to_move_bytes() {
     let dir = temp_dir("progress");
@@ -215,24 +218,23 @@ fn auto_progress_spins_where_the_transport_needs_calls_to_move_bytes() {
     let mut runs = Vec::new();
     for progress in ["auto", "backoff"] {
         let report_path = dir.join(format!("{progress}.json"));
-        let out = mpirun(
-            np,
-            "child_train",
-            &[
-                ("RTP_TEST_STRATEGY", "rtp".into()),
-                ("RTP_TEST_ROTATION", "out-of-place".into()),
-                ("RTP_TEST_STEPS", "2".into()),
-                // 256 wide: each rank's MLP shard is 512 KiB, above `LARGE_RECEIVE`.
-                ("RTP_TEST_D_MODEL", "256".into()),
-                ("RTP_TEST_MPI_PROGRESS", progress.into()),
-                ("RTP_TEST_REPORT", report_path.display().to_string()),
-                // Single copy is a setting of the ob1 message layer's shared-memory transport.
-                ("OMPI_MCA_pml", "ob1".into()),
-                ("OMPI_MCA_btl_vader_single_copy_mechanism", "none".into()),
-            ],
-        )
-        .output()
-        .unwrap();
+        let mut env: Vec<(&str, String)> = vec![
+            ("RTP_TEST_STRATEGY", "rtp".into()),
+            ("RTP_TEST_ROTATION", "out-of-place".into()),
+            ("RTP_TEST_STEPS", "2".into()),
+            // 256 wide: each rank's MLP shard is 512 KiB, above `LARGE_RECEIVE`.
+            ("RTP_TEST_D_MODEL", "256".into()),
+            ("RTP_TEST_MPI_PROGRESS", progress.into()),
+            ("RTP_TEST_REPORT", report_path.display().to_string()),
+            // Single copy is a setting of the ob1 message layer's shared-memory transport.
+            ("OMPI_MCA_pml", "ob1".into()),
+            ("OMPI_MCA_btl_vader_single_copy_mechanism", "none".into()),
+        ];
+        if progress == "backoff" {
+            // This run leaves the allocator alone, as a user can ask.
+            env.push(("RTP_TEST_KEEP_MALLOC_ARENAS", "1".into()));
+        }
+        let out = mpirun(np, "child_train", &env).output().unwrap();
         assert!(out.status.success(), "{progress} failed:\n{}", text(&out));
         runs.push(read_report(&report_path));
     }
@@ -258,13 +260,17 @@ fn auto_progress_spins_where_the_transport_needs_calls_to_move_bytes() {
         }
     }
     // On glibc every process shares one malloc arena between its threads, unless the
-    // environment (which mpirun passes on) sets the number itself.
+    // environment (which mpirun passes on) sets the number itself, or the configuration
+    // turned it off (the backoff run).
     if cfg!(all(target_os = "linux", target_env = "gnu"))
         && std::env::var_os("MALLOC_ARENA_MAX").is_none()
     {
-        for policy in runs.iter().flat_map(|r| &r.mpi_progress_per_rank) {
+        for policy in &auto.mpi_progress_per_rank {
             assert!(policy.ends_with("; one malloc arena"), "{policy}");
         }
+    }
+    for policy in &backoff.mpi_progress_per_rank {
+        assert!(!policy.contains("malloc arena"), "{policy}");
     }
 }
 
