@@ -70,6 +70,7 @@ fn run(cli: &Cli) -> Result<(), String> {
         .root
         .clone()
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".."));
+    let root = root.canonicalize().unwrap_or(root);
     let mut stale = Vec::new();
     for (path, blocks) in documents(&root)? {
         let doc = std::fs::read_to_string(&path)
@@ -94,7 +95,7 @@ fn run(cli: &Cli) -> Result<(), String> {
     }
     if !stale.is_empty() {
         return Err(format!(
-            "generated figures differ from the committed reports in {}; run `cargo run -p burn-rtp-benches --bin readme-figures` and commit",
+            "generated figures differ from the committed reports in {}; run `cargo run --release -p burn-rtp-benches --bin readme-figures` and commit",
             stale.join(", ")
         ));
     }
