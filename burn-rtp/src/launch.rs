@@ -7,7 +7,7 @@ use crate::error::{RtpError, RtpResult};
 use crate::transport::Transport;
 use burn::tensor::backend::Backend;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::Once;
+use std::sync::{Arc, Mutex};
 
 /// The error a panic of `rank`'s program stands for: a typed error as raised, or its message.
 fn panic_reason(rank: usize, payload: Box<dyn std::any::Any + Send>) -> RtpError {
@@ -22,20 +22,51 @@ fn panic_reason(rank: usize, payload: Box<dyn std::any::Any + Send>) -> RtpError
     RtpError::RankFailed { rank, reason }
 }
 
-/// Prints typed RTP errors raised inside backend ops readably, then defers to the old hook.
-fn install_panic_hook() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        let previous = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            if let Some(err) = info.payload().downcast_ref::<RtpError>() {
-                let thread = std::thread::current();
-                eprintln!("{}: {err}", thread.name().unwrap_or("rtp"));
-            } else {
-                previous(info);
+/// A panic hook, as `std::panic` stores it.
+type Hook = dyn Fn(&std::panic::PanicHookInfo<'_>) + Sync + Send + 'static;
+
+/// The worlds running in this process, and the hook that was in place before the first.
+static HOOK: Mutex<(usize, Option<Arc<Hook>>)> = Mutex::new((0, None));
+
+/// While a world runs, panics carrying a typed RTP error (raised inside backend ops) print
+/// as one readable line; every other panic goes to the hook that was in place before. When
+/// the last running world ends, that hook is put back.
+struct PanicHookGuard;
+
+impl PanicHookGuard {
+    fn install() -> Self {
+        let mut state = HOOK.lock().unwrap_or_else(|e| e.into_inner());
+        // Ours may still be in place, if the last world ended on an unwinding thread.
+        if state.0 == 0 && state.1.is_none() && !std::thread::panicking() {
+            let previous: Arc<Hook> = Arc::from(std::panic::take_hook());
+            state.1 = Some(previous.clone());
+            std::panic::set_hook(Box::new(move |info| {
+                if let Some(err) = info.payload().downcast_ref::<RtpError>() {
+                    let thread = std::thread::current();
+                    eprintln!("{}: {err}", thread.name().unwrap_or("rtp"));
+                } else {
+                    previous(info);
+                }
+            }));
+        }
+        state.0 += 1;
+        Self
+    }
+}
+
+impl Drop for PanicHookGuard {
+    fn drop(&mut self) {
+        let mut state = HOOK.lock().unwrap_or_else(|e| e.into_inner());
+        state.0 -= 1;
+        // `set_hook` panics on a panicking thread: the hook then stays until the next world
+        // ends on a thread that is not unwinding.
+        if state.0 == 0 && !std::thread::panicking() {
+            if let Some(previous) = state.1.take() {
+                drop(std::panic::take_hook());
+                std::panic::set_hook(Box::new(move |info| previous(info)));
             }
-        }));
-    });
+        }
+    }
 }
 
 /// Runs `program` on every rank and returns each rank's result in rank order.
@@ -80,7 +111,7 @@ where
     E: std::fmt::Display,
     F: Fn(RtpDevice<B>) -> Result<R, E> + Send + Sync,
 {
-    install_panic_hook();
+    let _hook = PanicHookGuard::install();
     match config.transport_kind() {
         TransportKind::InProcess => launch_in_process(config, inner_device, program),
         TransportKind::Mpi => launch_mpi(config, inner_device, program),

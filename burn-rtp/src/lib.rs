@@ -68,9 +68,10 @@
 //!
 //! The crate changes state that the whole process shares in these places, and nowhere else:
 //!
-//! * **A panic hook.** The first [`launch`] installs a hook that prints an [`RtpError`] raised
-//!   inside a backend op as one readable line, and hands every other panic to the hook that
-//!   was installed before it.
+//! * **A panic hook.** While a world runs, [`launch`] installs a hook that prints an
+//!   [`RtpError`] raised inside a backend op as one readable line, and hands every other panic
+//!   to the hook that was in place before it; when the last running world ends, that hook is
+//!   put back.
 //! * **The glibc malloc arenas, under MPI only.** Before its communication thread starts, the
 //!   MPI transport calls `mallopt(M_ARENA_MAX, 1)` unless `MALLOC_ARENA_MAX` is set, so that
 //!   received buffers are not faulted in again after each trim of a second arena. The
