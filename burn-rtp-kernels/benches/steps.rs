@@ -22,7 +22,7 @@ use burn::backend::NdArray;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::ModuleOps;
 use burn::tensor::{Distribution, Int, Tensor, TensorData};
-use burn_rtp_kernels::kernel::{embedding, linear};
+use burn_rtp_kernels::generic;
 use burn_rtp_kernels::{
     assemble_columns, embedding_grad_step, embedding_step, forward_step, output_for_columns,
     pack_x, weight_grad_step, x_grad_step, Float, RotationKernels, Window, XUse,
@@ -199,16 +199,16 @@ fn run<B: RotationKernels>(s: usize, fused: bool, i: &Inputs<B>) -> Float<B> {
         }
         (0, false) => {
             let y = output_for_columns::<B>(&i.x, i.d.d_out);
-            linear::generic::forward::<B>(y, x, w, Some(b), win)
+            generic::linear::forward::<B>(y, x, w, Some(b), win)
         }
         (1, true) => x_grad_step::<B>(Some(i.acc.clone()), w, i.dy.clone(), win).expect("fits"),
-        (1, false) => linear::generic::x_grad::<B>(Some(i.acc.clone()), w, i.dy.clone(), win),
+        (1, false) => generic::linear::x_grad::<B>(Some(i.acc.clone()), w, i.dy.clone(), win),
         (2, true) => {
             weight_grad_step::<B>(x, i.dy.clone(), win, true, None)
                 .expect("fits")
                 .0
         }
-        (2, false) => linear::generic::weight_grad::<B>(x, i.dy.clone(), win, true).0,
+        (2, false) => generic::linear::weight_grad::<B>(x, i.dy.clone(), win, true).0,
         (3, f) => {
             let dims = burn::tensor::Shape::new([8, i.d.tokens / 8, i.d.d_in]);
             let device = B::float_device(&i.x);
@@ -217,14 +217,14 @@ fn run<B: RotationKernels>(s: usize, fused: bool, i: &Inputs<B>) -> Float<B> {
             if f {
                 embedding_step::<B>(y, table, i.tokens.clone(), i.emb_last().start).expect("fits")
             } else {
-                embedding::generic::forward::<B>(y, table, i.tokens.clone(), i.emb_last())
+                generic::embedding::forward::<B>(y, table, i.tokens.clone(), i.emb_last())
             }
         }
         (_, true) => {
             embedding_grad_step::<B>(i.d.vocab, i.emb_dy.clone(), i.tokens.clone(), i.emb_last())
                 .expect("fits")
         }
-        (_, false) => embedding::generic::grad::<B>(
+        (_, false) => generic::embedding::grad::<B>(
             i.d.vocab,
             i.emb_dy.clone(),
             i.tokens.clone(),
@@ -374,13 +374,13 @@ fn linear_on_ndarray(c: &mut Criterion) -> Vec<String> {
         let mut grads = Vec::new();
         for (j, w_j) in i.shards.iter().enumerate() {
             let win = Window::new(j * w, w);
-            dx = Some(linear::generic::x_grad::<B>(
+            dx = Some(generic::linear::x_grad::<B>(
                 dx,
                 w_j.clone(),
                 i.dy.clone(),
                 win,
             ));
-            grads.push(linear::generic::weight_grad::<B>(
+            grads.push(generic::linear::weight_grad::<B>(
                 i.x.clone(),
                 i.dy.clone(),
                 win,
@@ -395,7 +395,7 @@ fn linear_on_ndarray(c: &mut Criterion) -> Vec<String> {
             let mut y = output_for_columns::<B>(&i.x, i.d.d_out);
             for (j, (w_j, b_j)) in i.shards.iter().zip(&i.biases).enumerate() {
                 let (x, b_j, win) = (i.x.clone(), Some(b_j.clone()), Window::new(j * w, w));
-                y = linear::generic::forward::<B>(y, x, w_j.clone(), b_j, win);
+                y = generic::linear::forward::<B>(y, x, w_j.clone(), b_j, win);
             }
             y
         } else {

@@ -5,7 +5,8 @@
 //! Each kernel lives in its own folder under [`kernel`], with its `#[cube]` code and launch
 //! beside the generic composition of Burn ops that other backends run; the Linear's folder
 //! also holds NdArray's native steps (its GEMM on strided views). Which one a backend runs is
-//! [`RotationKernels`], in [`dispatch`].
+//! [`RotationKernels`], in [`dispatch`]; its steps take a [`Checked`] that only the checked
+//! entry points make, so safe code cannot launch a kernel on operands nobody checked.
 //!
 //! This crate is burn-rtp's compute layer; most users reach it only through `burn-rtp`.
 //!
@@ -27,24 +28,30 @@
 //!   launched afterwards in the process.
 #![warn(missing_docs)]
 
+pub mod columns;
 pub mod dispatch;
+pub mod generic;
 pub mod kernel;
+mod packing;
+pub mod switches;
 
 /// The inner backend's float tensor, which every kernel takes and returns.
 pub type Float<B> = <B as burn::tensor::backend::BackendTypes>::FloatTensorPrimitive;
 /// The inner backend's int tensor (embedding indices).
 pub type Int<B> = <B as burn::tensor::backend::BackendTypes>::IntTensorPrimitive;
 
-pub use dispatch::{
-    fused_kernels_enabled, fused_launches, set_fused_kernels, KernelPath, RotationKernels,
-};
-pub use kernel::columns::{
+pub use columns::{
     assemble_columns, column_slice, output_for_columns, write_columns, ColumnError, Window,
 };
+pub use dispatch::{Checked, KernelPath, RotationKernels};
 pub use kernel::embedding::{accumulate_embedding_grad, embedding_grad_step, embedding_step};
 #[cfg(feature = "cube")]
 pub use kernel::linear::launch::{set_gemm_tiling, GemmTiling};
 pub use kernel::linear::{
     forward_step, forward_whole, pack_x, weight_grad_step, weight_grad_summed, weight_grad_whole,
-    x_grad_step, x_grad_whole, PackedX, XUse,
+    x_grad_step, x_grad_whole,
+};
+pub use packing::{PackedX, XUse};
+pub use switches::{
+    fused_kernels_enabled, fused_launches, fused_launches_on_this_thread, set_fused_kernels,
 };

@@ -11,8 +11,9 @@
 use burn::backend::NdArray;
 use burn::tensor::{Int, Tensor, TensorData, TensorPrimitive};
 use burn_rtp_kernels::{
-    embedding_grad_step, embedding_step, forward_step, fused_launches, pack_x, weight_grad_step,
-    weight_grad_summed, x_grad_step, ColumnError, Float, KernelPath, RotationKernels, Window, XUse,
+    embedding_grad_step, embedding_step, forward_step, fused_launches_on_this_thread, pack_x,
+    weight_grad_step, weight_grad_summed, x_grad_step, ColumnError, Float, KernelPath,
+    RotationKernels, Window, XUse,
 };
 
 /// Deterministic values in [-1, 1).
@@ -85,13 +86,17 @@ fn assert_close(what: &str, got: &[f32], want: &[f64], scale: &[f64]) {
     }
 }
 
-/// Runs `f`, asserting that it ran on this crate's own kernels (the launch counter moved)
-/// when `own` says the backend has them for this step.
+/// Runs `f`, asserting that it ran on this crate's own kernels (this thread's launch counter
+/// moved, which steps of tests running beside it on other threads cannot do) when `own` says
+/// the backend has them for this step.
 fn fused<T>(what: &str, own: bool, f: impl FnOnce() -> T) -> T {
-    let before = fused_launches();
+    let before = fused_launches_on_this_thread();
     let out = f();
     if own {
-        assert!(fused_launches() > before, "{what}: no kernel of ours ran");
+        assert!(
+            fused_launches_on_this_thread() > before,
+            "{what}: no kernel of ours ran"
+        );
     }
     out
 }
@@ -412,7 +417,7 @@ fn native_steps_match_the_reference_on_ndarray() {
 /// 3-dimensional, biases on and off.
 #[test]
 fn native_steps_equal_the_compositions_bit_for_bit_on_ndarray() {
-    use burn_rtp_kernels::kernel::linear::generic;
+    use burn_rtp_kernels::generic::linear as generic;
     type B = NdArray;
     let device = Default::default();
     let bits = |t: Float<B>| flat::<B>(t).iter().map(|v| v.to_bits()).collect::<Vec<_>>();

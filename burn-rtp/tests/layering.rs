@@ -1,8 +1,10 @@
-//! The crate's modules depend on each other one way only: every module imports only modules
-//! of a lower layer, so there is no import cycle and a newcomer can read the crate bottom-up.
+//! Each crate's modules depend on each other one way only: every module imports only modules
+//! of a lower layer, so there is no import cycle and a newcomer can read a crate bottom-up.
 //!
 //! The check reads `src/` itself: for each top-level module (a file or a folder) it collects
-//! the `crate::name` paths its code names, comments left out.
+//! the `crate::name` paths its code names, comments left out. A name the crate root
+//! re-exports (`crate::RtpError`, `pub use error::RtpError` in `lib.rs`) counts as a use of
+//! the module it comes from. burn-rtp-kernels, beside this crate, is checked the same way.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -38,6 +40,18 @@ const LAYERS: &[&[&str]] = &[
     &["launch"],
     // Tools on top: the planner, consolidation, checkpoints, the placement report.
     &["plan", "consolidate", "checkpoint", "placement"],
+];
+
+/// burn-rtp-kernels' layers, lowest first.
+const KERNEL_LAYERS: &[&[&str]] = &[
+    // The process-wide switch and launch counters; column windows; a packed input.
+    &["switches", "columns", "packing"],
+    // The compositions of Burn ops every backend can run.
+    &["generic"],
+    // The interface a backend implements, and the proof of checked operands.
+    &["dispatch"],
+    // The kernels, their checked entry points and each backend's implementation.
+    &["kernel"],
 ];
 
 /// Strips `//` comments (doc comments included), keeping string contents as they are.
@@ -88,14 +102,41 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// Each top-level module and the crate modules it names.
-fn module_graph() -> BTreeMap<String, BTreeSet<String>> {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+/// The crate root's re-exports: each re-exported name and the module it comes from
+/// (`pub use error::{RtpError, RtpResult};` maps both names to `error`).
+fn root_reexports(lib: &str) -> BTreeMap<String, String> {
+    let code = strip_comments(lib);
+    let mut names = BTreeMap::new();
+    for statement in code.split(';') {
+        let Some(path) = statement.trim().strip_prefix("pub use ") else {
+            continue;
+        };
+        let module = ident_at(path);
+        let rest = &path[module.len()..];
+        let items: Vec<&str> = match (rest.find('{'), rest.rfind('}')) {
+            (Some(a), Some(b)) => rest[a + 1..b].split(',').collect(),
+            _ => vec![rest.rsplit("::").next().unwrap_or("")],
+        };
+        for item in items {
+            let name = item.trim().rsplit("::").next().unwrap_or("");
+            let name = name.split(" as ").last().unwrap_or("").trim();
+            if !name.is_empty() {
+                names.insert(name.to_string(), module.clone());
+            }
+        }
+    }
+    names
+}
+
+/// Each top-level module of the crate whose sources are in `src` and the crate modules it
+/// names, directly or through the root's re-exports.
+fn module_graph_of(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
     let mut files = Vec::new();
-    rust_files(&src, &mut files);
+    rust_files(src, &mut files);
+    let reexports = root_reexports(&std::fs::read_to_string(src.join("lib.rs")).unwrap());
     let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for file in files {
-        let rel = file.strip_prefix(&src).unwrap();
+        let rel = file.strip_prefix(src).unwrap();
         let first = rel
             .components()
             .next()
@@ -106,7 +147,9 @@ fn module_graph() -> BTreeMap<String, BTreeSet<String>> {
         if module == "lib" {
             continue;
         }
-        let names = named_modules(&std::fs::read_to_string(&file).unwrap());
+        let names = named_modules(&std::fs::read_to_string(&file).unwrap())
+            .into_iter()
+            .map(|name| reexports.get(&name).cloned().unwrap_or(name));
         graph.entry(module).or_default().extend(names);
     }
     let modules: BTreeSet<String> = graph.keys().cloned().collect();
@@ -116,36 +159,63 @@ fn module_graph() -> BTreeMap<String, BTreeSet<String>> {
     graph
 }
 
-fn layer_of(module: &str) -> Option<usize> {
-    LAYERS.iter().position(|layer| layer.contains(&module))
+/// burn-rtp's module graph.
+fn module_graph() -> BTreeMap<String, BTreeSet<String>> {
+    module_graph_of(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"))
+}
+
+/// burn-rtp-kernels' module graph.
+fn kernel_module_graph() -> BTreeMap<String, BTreeSet<String>> {
+    module_graph_of(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../burn-rtp-kernels/src"))
+}
+
+fn layer_of(layers: &[&[&str]], module: &str) -> Option<usize> {
+    layers.iter().position(|layer| layer.contains(&module))
+}
+
+/// Every way `graph` breaks `layers`, in words.
+fn layering_errors(graph: &BTreeMap<String, BTreeSet<String>>, layers: &[&[&str]]) -> Vec<String> {
+    let mut wrong = Vec::new();
+    for (module, deps) in graph {
+        let Some(own) = layer_of(layers, module) else {
+            wrong.push(format!(
+                "module `{module}` is in no layer: add it to the table"
+            ));
+            continue;
+        };
+        for dep in deps {
+            match layer_of(layers, dep) {
+                Some(layer) if layer < own => {}
+                _ => wrong.push(format!("`{module}` (layer {own}) uses `{dep}`")),
+            }
+        }
+    }
+    wrong
 }
 
 #[test]
 fn every_module_imports_only_lower_layers() {
     let graph = module_graph();
     assert!(graph.len() > 10, "found too few modules: {graph:?}");
-    let mut wrong = Vec::new();
-    for (module, deps) in &graph {
-        let Some(own) = layer_of(module) else {
-            wrong.push(format!(
-                "module `{module}` is in no layer: add it to LAYERS"
-            ));
-            continue;
-        };
-        for dep in deps {
-            match layer_of(dep) {
-                Some(layer) if layer < own => {}
-                _ => wrong.push(format!("`{module}` (layer {own}) uses `{dep}`")),
-            }
-        }
-    }
+    let wrong = layering_errors(&graph, LAYERS);
     assert!(wrong.is_empty(), "layering broken:\n{}", wrong.join("\n"));
 }
 
 #[test]
-fn there_is_no_import_cycle() {
-    // Independent of the layer table: a depth-first search for a back edge.
-    let graph = module_graph();
+fn every_kernel_module_imports_only_lower_layers() {
+    let graph = kernel_module_graph();
+    assert!(graph.len() >= 5, "found too few modules: {graph:?}");
+    let wrong = layering_errors(&graph, KERNEL_LAYERS);
+    assert!(
+        wrong.is_empty(),
+        "burn-rtp-kernels' layering broken:\n{}",
+        wrong.join("\n")
+    );
+}
+
+/// Panics on an import cycle in `graph`: a depth-first search for a back edge, independent
+/// of any layer table.
+fn assert_acyclic(graph: &BTreeMap<String, BTreeSet<String>>) {
     fn visit<'a>(
         module: &'a str,
         graph: &'a BTreeMap<String, BTreeSet<String>>,
@@ -166,8 +236,14 @@ fn there_is_no_import_cycle() {
     }
     let mut done = BTreeSet::new();
     for module in graph.keys() {
-        visit(module, &graph, &mut Vec::new(), &mut done);
+        visit(module, graph, &mut Vec::new(), &mut done);
     }
+}
+
+#[test]
+fn there_is_no_import_cycle() {
+    assert_acyclic(&module_graph());
+    assert_acyclic(&kernel_module_graph());
 }
 
 #[test]
@@ -175,4 +251,14 @@ fn the_parser_sees_grouped_and_plain_paths_but_not_comments() {
     let source = "use crate::a::X;\nuse crate::{b::Y, c};\n// crate::d\nlet x = crate::e::f();";
     let found: Vec<String> = named_modules(source).into_iter().collect();
     assert_eq!(found, ["a", "b", "c", "e"]);
+}
+
+#[test]
+fn uses_through_root_reexports_count_as_uses_of_their_module() {
+    let lib = "pub use error::{RtpError, RtpResult};\npub use backend::Rtp;\n// pub use x::Y;";
+    let names = root_reexports(lib);
+    assert_eq!(names["RtpError"], "error");
+    assert_eq!(names["RtpResult"], "error");
+    assert_eq!(names["Rtp"], "backend");
+    assert!(!names.contains_key("Y"));
 }

@@ -199,9 +199,11 @@ fn reference(opt: Opt, record: &[u8]) -> Run {
 }
 
 /// The port: `Autodiff<Rtp<NdArray>>` on `n` ranks, each on its slice, the loss read as the
-/// mean over ranks. Every rank's run, in rank order.
-fn ported(opt: Opt, n: usize, record: &[u8]) -> Vec<Run> {
+/// mean over ranks. Every rank's run, in rank order, with the steps that rank's thread ran on
+/// burn-rtp-kernels' own kernels.
+fn ported(opt: Opt, n: usize, record: &[u8]) -> Vec<(Run, u64)> {
     launch(RtpConfig::new(n).with_shard_threshold(0), |device| {
+        let before = burn_rtp_kernels::fused_launches_on_this_thread();
         // Built inside the closure: each rank keeps only its slice of the full record.
         let model = load_bytes(Classifier::<Dist>::new(&device), record, &device);
         let read = |loss: Tensor<Dist, 1>| {
@@ -209,7 +211,7 @@ fn ported(opt: Opt, n: usize, record: &[u8]) -> Vec<Run> {
             f64::from(device.all_reduce_mean(loss.into_scalar()))
         };
         let rows = slice(device.rank(), n);
-        match opt {
+        let run = match opt {
             Opt::Adam => {
                 let optim = RtpOptimizer::new(AdamConfig::new().init());
                 train(model, optim, opt.lr(), rows, &device, read)
@@ -218,7 +220,11 @@ fn ported(opt: Opt, n: usize, record: &[u8]) -> Vec<Run> {
                 let optim = RtpOptimizer::new(SgdConfig::new().init());
                 train(model, optim, opt.lr(), rows, &device, read)
             }
-        }
+        };
+        (
+            run,
+            burn_rtp_kernels::fused_launches_on_this_thread() - before,
+        )
     })
     .expect("the ported run")
 }
@@ -290,13 +296,18 @@ fn matches_single_device(opt: Opt) {
         <NdArray as RotationKernels>::kernel_path(),
         KernelPath::Native
     );
-    let native_steps = burn_rtp_kernels::fused_launches();
     let mut curves = Vec::new();
     for n in 1..=4 {
-        let runs = ported(opt, n, &record);
-        if n == 1 {
-            assert!(burn_rtp_kernels::fused_launches() > native_steps);
+        let counted = ported(opt, n, &record);
+        // Each rank's own thread ran its steps on the native GEMMs (a counter no other test's
+        // threads can move).
+        for (rank, (_, native_steps)) in counted.iter().enumerate() {
+            assert!(
+                *native_steps > 0,
+                "{opt:?} N={n}: rank {rank} ran no native step"
+            );
         }
+        let runs: Vec<Run> = counted.into_iter().map(|(run, _)| run).collect();
         let losses = &runs[0].0;
         for (rank, (l, p)) in runs.iter().enumerate() {
             // The mean over ranks is the same bits on every rank, and so are the parameters

@@ -1,8 +1,14 @@
 //! One folder per kernel, each with its generic composition.
 
-pub mod columns;
+#[cfg(feature = "cube")]
+mod cube;
 pub mod embedding;
 pub mod linear;
+
+/// Burn's fusion backend records ops lazily; its steps stay compositions of its own ops,
+/// which it fuses as it sees fit.
+#[cfg(feature = "fusion")]
+impl<B: burn_fusion::FusionBackend> crate::RotationKernels for burn_fusion::Fusion<B> {}
 
 /// An output a cube kernel may write into: `t` itself when no other handle shares its buffer
 /// and it is contiguous, else a private contiguous copy (Burn tensors are values; a shared

@@ -449,11 +449,25 @@ pub fn rtp_run_on<I: RotationKernels>(
     config: RtpConfig,
     weights: &[u8],
 ) -> RtpResult<Vec<RankRun>> {
+    Ok(rtp_run_counting::<I>(which, config, weights)?
+        .into_iter()
+        .map(|(run, _)| run)
+        .collect())
+}
+
+/// [`rtp_run_on`], with the steps each rank's thread ran on burn-rtp-kernels' own kernels
+/// (a per-thread count, which tests running beside it cannot move).
+pub fn rtp_run_counting<I: RotationKernels>(
+    which: Which,
+    config: RtpConfig,
+    weights: &[u8],
+) -> RtpResult<Vec<(RankRun, u64)>> {
     type Dist<I> = burn::backend::Autodiff<Rtp<I>>;
     let world = config.world_size;
     launch(config, |device| {
+        let before = burn_rtp_kernels::fused_launches_on_this_thread();
         let rows = rows(device.rank(), world);
-        match which {
+        let run = match which {
             Which::Mlp => {
                 let model = load_bytes(Mlp::<Dist<I>>::new(&device), weights, &device);
                 let optim = RtpOptimizer::new(adam().init());
@@ -468,7 +482,11 @@ pub fn rtp_run_on<I: RotationKernels>(
                     train(model, optim, which, STEPS, rows, &device, step_loss_lm);
                 (losses, param_values(&model))
             }
-        }
+        };
+        (
+            run,
+            burn_rtp_kernels::fused_launches_on_this_thread() - before,
+        )
     })
 }
 
@@ -498,12 +516,14 @@ pub fn fused_matches_single_device<I: RotationKernels>(n: usize) {
                 (w, r)
             }
         };
-        let before = burn_rtp_kernels::fused_launches();
-        let runs = rtp_run_on::<I>(which, config(), &weights).expect("RTP run");
-        assert!(
-            burn_rtp_kernels::fused_launches() > before,
-            "{label}: no fused kernel ran"
-        );
+        let counted = rtp_run_counting::<I>(which, config(), &weights).expect("RTP run");
+        for (rank, (_, launches)) in counted.iter().enumerate() {
+            assert!(
+                *launches > 0,
+                "{label}: rank {rank} launched no fused kernel"
+            );
+        }
+        let runs: Vec<RankRun> = counted.into_iter().map(|(run, _)| run).collect();
         if let Err(e) = compare(which, &ref_losses, &ref_params, &runs, &label) {
             panic!("{e}");
         }

@@ -1,8 +1,8 @@
 //! `Y[r, start + c] = W_j[indices[r], c]`: one unit per output element of the window.
 
-use crate::dispatch::count_fused_launch;
-use crate::kernel::columns::Window;
+use crate::columns::Window;
 use crate::kernel::writable;
+use crate::switches::count_fused_launch;
 use burn::tensor::TensorMetadata;
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::tensor::CubeTensor;

@@ -11,11 +11,11 @@ pub(crate) mod gather;
 #[cfg(feature = "cube")]
 pub(crate) mod scatter;
 
-use crate::dispatch::RotationKernels;
-use crate::kernel::columns::{column_slice, write_columns, ColumnError, Window};
+use crate::columns::{ColumnError, Window};
+use crate::dispatch::{Checked, RotationKernels};
+pub use crate::generic::embedding::accumulate_embedding_grad;
 use crate::{Float, Int};
-use burn::tensor::backend::Backend;
-use burn::tensor::{Shape, TensorMetadata};
+use burn::tensor::TensorMetadata;
 
 /// `Y[b, s, start..start+w] = W_j[indices[b, s]]`, written into `y`; returns `y`.
 pub fn embedding_step<B: RotationKernels>(
@@ -37,7 +37,13 @@ pub fn embedding_step<B: RotationKernels>(
         });
     }
     let window = Window::new(start, ws[1]).check(&ys)?;
-    Ok(B::embedding_step(y, w_j, indices, window))
+    Ok(B::embedding_step(
+        y,
+        w_j,
+        indices,
+        window,
+        Checked::after_checks(),
+    ))
 }
 
 /// `G_j[indices[b, s]] += dY[b, s, win]` for every token, into a new `[n_embeddings, w]`
@@ -56,53 +62,11 @@ pub fn embedding_grad_step<B: RotationKernels>(
         });
     }
     let window = window.check(&ds)?;
-    Ok(B::embedding_grad_step(n_embeddings, dy, indices, window))
-}
-
-/// `G[idx] += dY` over a whole (unsharded) table of `n_embeddings` rows, onto `acc` if given.
-pub fn accumulate_embedding_grad<B: Backend>(
-    acc: Option<Float<B>>,
-    n_embeddings: usize,
-    dy: Float<B>,
-    indices: Int<B>,
-) -> Float<B> {
-    let cols = dy.shape()[dy.shape().num_dims() - 1];
-    let rows = indices.shape().num_elements();
-    let device = B::float_device(&dy);
-    let dtype = dy.dtype();
-    let flat_indices = B::int_reshape(indices, Shape::new([rows]));
-    let flat_grad = B::float_reshape(dy, Shape::new([rows, cols]));
-    let base = match acc {
-        Some(acc) => acc,
-        None => B::float_zeros(Shape::new([n_embeddings, cols]), &device, dtype.into()),
-    };
-    B::float_select_add(base, 0, flat_indices, flat_grad)
-}
-
-/// The compositions of Burn ops that every backend runs; what [`RotationKernels`]' default
-/// methods call.
-pub mod generic {
-    use super::*;
-
-    /// Burn's embedding into a block, then the block written into the window.
-    pub fn forward<B: Backend>(
-        y: Float<B>,
-        w_j: Float<B>,
-        indices: Int<B>,
-        window: Window,
-    ) -> Float<B> {
-        let block = B::embedding(w_j, indices);
-        write_columns::<B>(y, block, window.start).expect("the entry point checked the window")
-    }
-
-    /// The window sliced as a view, then Burn's select-add.
-    pub fn grad<B: Backend>(
-        n_embeddings: usize,
-        dy: Float<B>,
-        indices: Int<B>,
-        window: Window,
-    ) -> Float<B> {
-        let dy_j = column_slice::<B>(dy, window.start, window.len);
-        accumulate_embedding_grad::<B>(None, n_embeddings, dy_j, indices)
-    }
+    Ok(B::embedding_grad_step(
+        n_embeddings,
+        dy,
+        indices,
+        window,
+        Checked::after_checks(),
+    ))
 }

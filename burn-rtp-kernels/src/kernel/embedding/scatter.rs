@@ -3,8 +3,8 @@
 //! A row of the table that several tokens look up is summed by one unit, in token order, so
 //! the result needs no float atomics (wgpu has none) and is the same on every run.
 
-use crate::dispatch::count_fused_launch;
-use crate::kernel::columns::Window;
+use crate::columns::Window;
+use crate::switches::count_fused_launch;
 use burn::tensor::{Shape, TensorMetadata};
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::zeros_client;

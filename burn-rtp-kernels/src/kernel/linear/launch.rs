@@ -4,9 +4,9 @@
 //! functions only turn tensors into operands (offset and strides) and pick the launch grid.
 
 use super::gemm::{gemm_window, StridedLaunch, Tiling};
-use crate::dispatch::count_fused_launch;
-use crate::kernel::columns::Window;
+use crate::columns::Window;
 use crate::kernel::writable;
+use crate::switches::count_fused_launch;
 use burn::tensor::{Shape, TensorMetadata};
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::{empty_device_contiguous_dtype, zeros_client};

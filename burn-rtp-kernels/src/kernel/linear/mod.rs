@@ -15,13 +15,14 @@ pub(crate) mod launch;
 pub(crate) mod ndarray_gemm;
 pub(crate) mod packed_lhs;
 
-use crate::dispatch::{KernelPath, RotationKernels};
-use crate::kernel::columns::{
-    column_slice, output_for_columns, write_columns, ColumnError, Window,
-};
+pub use crate::generic::linear::weight_grad_summed;
+pub use crate::packing::{PackedX, XUse};
+
+use crate::columns::{output_for_columns, ColumnError, Window};
+use crate::dispatch::{Checked, KernelPath, RotationKernels};
 use crate::Float;
 use burn::tensor::backend::Backend;
-use burn::tensor::{FloatDType, Shape, Slice, TensorMetadata};
+use burn::tensor::TensorMetadata;
 
 fn shape<B: Backend>(t: &Float<B>) -> Vec<usize> {
     t.shape().to_vec()
@@ -33,38 +34,6 @@ fn leading(shape: &[usize]) -> &[usize] {
 
 fn last(shape: &[usize]) -> usize {
     shape.last().copied().unwrap_or(0)
-}
-
-/// Which step reads a packed input: the forward multiplies by X, the weight gradient by `Xᵀ`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum XUse {
-    /// `Y[.., win] = X · W_j`.
-    Forward,
-    /// `dW_j = Xᵀ · dY[.., win]`.
-    WeightGrad,
-}
-
-/// A Linear's input X packed once for every step of a ring pass that reads it as one
-/// [`XUse`]. A GEMM packs both operands on every call, so without it a pass of N steps packs
-/// the same X N times, where data parallelism's one GEMM packs it once. Only NdArray with f32
-/// on a CPU with AVX2 and FMA packs ([`pack_x`]); the steps read the packing instead of
-/// packing X again, with the same bits.
-#[derive(Debug)]
-pub struct PackedX {
-    pub(crate) use_: XUse,
-    pub(crate) lhs: packed_lhs::PackedLhs,
-    /// X itself, held so that its buffer outlives the packing: a step recognises X by the
-    /// address of its first element, which no other tensor can take while X lives (and a
-    /// shared buffer is copied, never written, by any op that would change it).
-    pub(crate) _source: Box<dyn std::any::Any + Send + Sync>,
-}
-
-impl PackedX {
-    /// The bytes the packed copy holds (X's, its rows padded to a multiple of 6): a caller
-    /// charges them while it keeps the packing.
-    pub fn bytes(&self) -> usize {
-        self.lhs.bytes()
-    }
 }
 
 /// `x` packed once for the steps of a pass that read it as `use_`, where the backend packs
@@ -101,7 +70,15 @@ pub fn forward_step<B: RotationKernels>(
         });
     }
     let window = Window::new(start, ws[1]).check(&ys)?;
-    Ok(B::linear_step(y, x, w_j, b_j, window, packed))
+    Ok(B::linear_step(
+        y,
+        x,
+        w_j,
+        b_j,
+        window,
+        packed,
+        Checked::after_checks(),
+    ))
 }
 
 /// `dX (+)= dY[.., win] · W_jᵀ`: added into `acc` when given, else a new tensor.
@@ -128,7 +105,13 @@ pub fn x_grad_step<B: RotationKernels>(
         });
     }
     let window = window.check(&ds)?;
-    Ok(B::x_grad_step(acc, w_j, dy, window))
+    Ok(B::x_grad_step(
+        acc,
+        w_j,
+        dy,
+        window,
+        Checked::after_checks(),
+    ))
 }
 
 /// `(Xᵀ · dY[.., win], Σ_rows dY[.., win])`, summed over every leading dimension; the bias
@@ -149,7 +132,14 @@ pub fn weight_grad_step<B: RotationKernels>(
         });
     }
     let window = window.check(&ds)?;
-    Ok(B::weight_grad_step(x, dy, window, with_bias, packed))
+    Ok(B::weight_grad_step(
+        x,
+        dy,
+        window,
+        with_bias,
+        packed,
+        Checked::after_checks(),
+    ))
 }
 
 /// `X · W (+ b)` against a whole weight `[d_in, d_out]`: data parallelism's Linear, and
@@ -197,83 +187,4 @@ pub fn weight_grad_whole<B: RotationKernels>(x: Float<B>, dy: Float<B>) -> Float
         }
     }
     weight_grad_summed::<B>(x, dy)
-}
-
-/// The compositions of Burn ops that every backend runs; what [`RotationKernels`]' default
-/// methods call.
-pub mod generic {
-    use super::*;
-
-    /// One GEMM into a block, then the block written into the window (no concatenation).
-    pub fn forward<B: Backend>(
-        y: Float<B>,
-        x: Float<B>,
-        w_j: Float<B>,
-        b_j: Option<Float<B>>,
-        window: Window,
-    ) -> Float<B> {
-        let block = B::linear(x, w_j, b_j);
-        write_columns::<B>(y, block, window.start).expect("the entry point checked the window")
-    }
-
-    /// The window sliced as a view, one GEMM, one add.
-    pub fn x_grad<B: Backend>(
-        acc: Option<Float<B>>,
-        w_j: Float<B>,
-        dy: Float<B>,
-        window: Window,
-    ) -> Float<B> {
-        let dy_j = column_slice::<B>(dy, window.start, window.len);
-        let g = B::linear_x_backward(w_j, dy_j);
-        match acc {
-            Some(acc) => B::float_add(acc, g),
-            None => g,
-        }
-    }
-
-    /// The window sliced as a view, one GEMM per sample and one column sum.
-    pub fn weight_grad<B: Backend>(
-        x: Float<B>,
-        dy: Float<B>,
-        window: Window,
-        with_bias: bool,
-    ) -> (Float<B>, Option<Float<B>>) {
-        let dy_j = column_slice::<B>(dy, window.start, window.len);
-        let db = with_bias.then(|| B::linear_bias_backward(dy_j.clone()));
-        (super::weight_grad_summed::<B>(x, dy_j), db)
-    }
-}
-
-/// `Xᵀ · dY` summed over the batch, one sample at a time, for `[batch, rows, d]` inputs.
-///
-/// Burn's default `linear_weight_backward` forms the whole `[batch, d_in, d_out]` stack of
-/// per-sample products before it sums them, and NdArray's matmul copies that stack once more
-/// in a reshape: `2 · batch + 1` weight-sized buffers at once, the largest transient of a
-/// step (measured with massif: 75 MB of an FSDP rank's 160 MB at d_model 768). This holds
-/// the running sum and one product. The products are the same GEMMs, added from zero in the
-/// same order as NdArray's `sum_axis`, so the bits equal Burn's. Other ranks of input take
-/// Burn's default.
-pub fn weight_grad_summed<B: Backend>(x: Float<B>, dy: Float<B>) -> Float<B> {
-    let (xs, ds) = (x.shape(), dy.shape());
-    if xs.num_dims() != 3 || ds.num_dims() != 3 || xs[0] != ds[0] {
-        return B::linear_weight_backward(x, dy);
-    }
-    let (batch, d_in, d_out) = (xs[0], xs[2], ds[2]);
-    let sample = |t: &Float<B>, i: usize| {
-        B::float_slice(
-            t.clone(),
-            &[
-                Slice::new(i as isize, Some(i as isize + 1), 1),
-                Slice::full(),
-                Slice::full(),
-            ],
-        )
-    };
-    let dtype = FloatDType::from(x.dtype());
-    let mut sum = B::float_zeros(Shape::new([1, d_in, d_out]), &B::float_device(&x), dtype);
-    for i in 0..batch {
-        let x_i = B::float_swap_dims(sample(&x, i), 1, 2);
-        sum = B::float_add(sum, B::float_matmul(x_i, sample(&dy, i)));
-    }
-    B::float_reshape(sum, Shape::new([d_in, d_out]))
 }

@@ -1,7 +1,7 @@
 //! The Linear steps on NdArray: matrixmultiply's GEMM (through `ndarray`, as burn-ndarray
 //! multiplies) run on strided views of the operands where they lie, so nothing is copied.
 //!
-//! Why not Burn's ops, as [`super::generic`] does: burn-ndarray copies both operands of every
+//! Why not Burn's ops, as [`crate::generic::linear`] does: burn-ndarray copies both operands of every
 //! matmul (its reshape turns a view into a new array, element by element through a
 //! dynamic-rank iterator when the operand is strided, as `Wᵀ` and `Xᵀ` are), and its
 //! `float_slice` copies a window. A rotation runs N GEMMs per Linear where data parallelism
@@ -11,7 +11,7 @@
 //!
 //! Rounding: an output element is the same dot product as in the compositions
 //! (matrixmultiply's arithmetic per element depends on K and its blocks of K, not on M, N or
-//! the strides), so the forward step equals [`super::generic::forward`] bit for bit. The
+//! the strides), so the forward step equals [`crate::generic::linear::forward`] bit for bit. The
 //! gradient steps add each product into their accumulator inside the GEMM (`beta = 1`):
 //! that is the compositions' `acc + product` bit for bit while the summed dimension fits in
 //! one of matrixmultiply's K blocks (256 for f32: windows of up to 256 columns for dX, samples
@@ -25,8 +25,12 @@
 //! order) back as `Err`, and the caller runs the composition instead.
 
 use super::packed_lhs::{self, PackedLhs};
-use super::{PackedX, XUse};
-use crate::kernel::columns::Window;
+use crate::columns::Window;
+use crate::dispatch::{Checked, KernelPath, RotationKernels};
+use crate::generic::linear as generic;
+use crate::packing::{PackedX, XUse};
+use crate::switches::{count_fused_launch, fused_kernels_enabled};
+use crate::Float;
 use burn::backend::ndarray::NdArrayTensor;
 use ndarray::linalg::general_mat_mul;
 use ndarray::{
@@ -175,16 +179,20 @@ pub(crate) fn pack_x(x: &NdArrayTensor, use_: XUse) -> Option<PackedX> {
 
 fn pack_x_in<E: Elem>(x: &NdArrayTensor, use_: XUse) -> Option<PackedX> {
     let (a, segments) = lhs_of(use_, E::view(x)?)?;
+    let lhs = E::pack(a, &segments)?;
     Some(PackedX {
         use_,
-        lhs: E::pack(a, &segments)?,
+        bytes: lhs.bytes(),
+        lhs: Box::new(lhs),
         _source: Box::new(x.clone()),
     })
 }
 
 /// The packing of `packed` if it serves `use_`.
 fn packed_for(packed: Option<&PackedX>, use_: XUse) -> Option<&PackedLhs> {
-    packed.filter(|p| p.use_ == use_).map(|p| &p.lhs)
+    packed
+        .filter(|p| p.use_ == use_)
+        .and_then(|p| p.lhs.downcast_ref::<PackedLhs>())
 }
 
 /// `Y[.., win] = X · W_j (+ b_j)`, written into `y`'s window; `Err(y)` if it cannot run.
@@ -368,6 +376,97 @@ fn column_view_in<E: Elem>(
     Ok(E::tensor(a))
 }
 
+/// NdArray runs the Linear steps as matrixmultiply GEMMs on strided views
+/// (`kernel/linear/ndarray_gemm.rs`), and the generic composition for what they cannot take
+/// (element types other than f32 and f64, operands not in row-major order) and for the
+/// embedding.
+impl<E, I, Q> RotationKernels for burn::backend::NdArray<E, I, Q>
+where
+    E: burn::backend::ndarray::FloatNdArrayElement,
+    I: burn::backend::ndarray::IntNdArrayElement,
+    Q: burn::backend::ndarray::QuantElement,
+    burn::backend::ndarray::NdArrayTensor: From<burn::backend::ndarray::SharedArray<E>>,
+    burn::backend::ndarray::NdArrayTensor: From<burn::backend::ndarray::SharedArray<I>>,
+{
+    fn kernel_path() -> KernelPath {
+        if fused_kernels_enabled() {
+            KernelPath::Native
+        } else {
+            KernelPath::Generic
+        }
+    }
+
+    fn pack_x(x: &Float<Self>, use_: XUse) -> Option<PackedX> {
+        fused_kernels_enabled().then(|| pack_x(x, use_)).flatten()
+    }
+
+    fn linear_step(
+        y: Float<Self>,
+        x: Float<Self>,
+        w_j: Float<Self>,
+        b_j: Option<Float<Self>>,
+        window: Window,
+        packed: Option<&PackedX>,
+        _checked: Checked,
+    ) -> Float<Self> {
+        let y = match fused_kernels_enabled() {
+            true => match forward(y, &x, &w_j, b_j.as_ref(), window, packed) {
+                Ok(y) => {
+                    count_fused_launch();
+                    return y;
+                }
+                Err(y) => y,
+            },
+            false => y,
+        };
+        generic::forward::<Self>(y, x, w_j, b_j, window)
+    }
+
+    fn x_grad_step(
+        acc: Option<Float<Self>>,
+        w_j: Float<Self>,
+        dy: Float<Self>,
+        window: Window,
+        _checked: Checked,
+    ) -> Float<Self> {
+        let acc = match fused_kernels_enabled() {
+            true => match x_grad(acc, &w_j, &dy, window) {
+                Ok(sum) => {
+                    count_fused_launch();
+                    return sum;
+                }
+                Err(acc) => acc,
+            },
+            false => acc,
+        };
+        generic::x_grad::<Self>(acc, w_j, dy, window)
+    }
+
+    fn weight_grad_step(
+        x: Float<Self>,
+        dy: Float<Self>,
+        window: Window,
+        with_bias: bool,
+        packed: Option<&PackedX>,
+        _checked: Checked,
+    ) -> (Float<Self>, Option<Float<Self>>) {
+        if fused_kernels_enabled() {
+            if let Some(dw) = weight_grad(&x, &dy, window, packed) {
+                count_fused_launch();
+                // Burn's own sum over the window read in place: the composition's bits.
+                let db = with_bias.then(|| {
+                    let dy_j = column_view(dy, window).unwrap_or_else(|dy| {
+                        crate::column_slice::<Self>(dy, window.start, window.len)
+                    });
+                    <Self as burn::tensor::ops::ModuleOps<Self>>::linear_bias_backward(dy_j)
+                });
+                return (dw, db);
+            }
+        }
+        generic::weight_grad::<Self>(x, dy, window, with_bias)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -402,7 +501,9 @@ mod tests {
             assert!(packed_for(Some(&packed), other).is_none());
             let elsewhere = tensor();
             let (b, segments) = lhs_of(use_, f32::view(&elsewhere).unwrap()).unwrap();
-            assert!(!packed.lhs.packed_from(&b, &segments));
+            assert!(!packed_for(Some(&packed), packed.use_)
+                .expect("a packing of NdArray's")
+                .packed_from(&b, &segments));
         }
     }
 }
