@@ -11,7 +11,7 @@ use burn::nn::loss::CrossEntropyLossConfig;
 use burn::nn::{Linear, LinearConfig, Relu};
 use burn::optim::{GradientsParams, Optimizer};
 use burn::tensor::backend::Backend;
-use burn::tensor::{ElementConversion, Int, Tensor, TensorData};
+use burn::tensor::{ElementConversion, Tensor};
 use burn_rtp::{launch, RotationMode, Rtp, RtpConfig, RtpOptimizer, Strategy};
 use common::*;
 
@@ -37,16 +37,7 @@ impl<B: Backend> ReluMlp<B> {
 
     /// The mean cross-entropy over rows `r` of step `step`'s global batch.
     fn loss(&self, step: usize, r: std::ops::Range<usize>, d: &B::Device) -> Tensor<B, 1> {
-        let data = data(step);
-        let n = r.len();
-        let x = Tensor::<B, 2>::from_data(
-            TensorData::new(
-                data.x[r.start * D_MODEL..r.end * D_MODEL].to_vec(),
-                [n, D_MODEL],
-            ),
-            d,
-        );
-        let y = Tensor::<B, 1, Int>::from_data(TensorData::new(data.labels[r].to_vec(), [n]), d);
+        let (x, y) = mlp_batch::<B>(step, r, d);
         let logits = self.fc2.forward(self.act.forward(self.fc1.forward(x)));
         CrossEntropyLossConfig::new().init(d).forward(logits, y)
     }

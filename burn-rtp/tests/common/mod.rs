@@ -154,12 +154,12 @@ pub fn rows(rank: usize, world: usize) -> std::ops::Range<usize> {
     rank * per..(rank + 1) * per
 }
 
-pub fn step_loss_mlp<B: Backend>(
-    m: &Mlp<B>,
+/// Rows `r` of step `step`'s global batch for the MLPs: inputs and labels.
+pub fn mlp_batch<B: Backend>(
     step: usize,
     r: std::ops::Range<usize>,
     d: &B::Device,
-) -> Tensor<B, 1> {
+) -> (Tensor<B, 2>, Tensor<B, 1, Int>) {
     let data = data(step);
     let n = r.len();
     let x = Tensor::<B, 2>::from_data(
@@ -169,8 +169,17 @@ pub fn step_loss_mlp<B: Backend>(
         ),
         d,
     );
-    let y =
-        Tensor::<B, 1, Int>::from_data(TensorData::new(data.labels[r.clone()].to_vec(), [n]), d);
+    let y = Tensor::<B, 1, Int>::from_data(TensorData::new(data.labels[r].to_vec(), [n]), d);
+    (x, y)
+}
+
+pub fn step_loss_mlp<B: Backend>(
+    m: &Mlp<B>,
+    step: usize,
+    r: std::ops::Range<usize>,
+    d: &B::Device,
+) -> Tensor<B, 1> {
+    let (x, y) = mlp_batch::<B>(step, r, d);
     m.loss(x, y)
 }
 
