@@ -279,7 +279,7 @@ pub fn quickstart_block(run: &QuickstartRun) -> String {
     format!(
         "At its defaults ({} on {} ranks, {} steps, {} parameters) the run ends at a validation \
          loss of {:.2} nats/byte, and each rank holds at most {} of model state against the \
-         single-device {} / {} = {} ({:.2}x the ideal).\n",
+         single-device {} / {} = {} ({:.3}x the ideal, as the run prints it).\n",
         run.strategy,
         run.ranks,
         run.steps,
