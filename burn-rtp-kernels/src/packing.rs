@@ -14,8 +14,8 @@ pub enum XUse {
 /// A Linear's input X packed once for every step of a ring pass that reads it as one
 /// [`XUse`]. A GEMM packs both operands on every call, so without it a pass of N steps packs
 /// the same X N times, where data parallelism's one GEMM packs it once. Only NdArray with f32
-/// on a CPU with AVX2 and FMA packs ([`pack_x`]); the steps read the packing instead of
-/// packing X again, with the same bits.
+/// on a CPU with AVX2 and FMA packs ([`pack_x`](crate::pack_x)); the steps read the packing
+/// instead of packing X again, with the same bits.
 #[derive(Debug)]
 pub struct PackedX {
     pub(crate) use_: XUse,
