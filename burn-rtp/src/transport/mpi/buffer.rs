@@ -129,3 +129,23 @@ impl InFlight {
         matches!(self.owner, Owner::Data(_) | Owner::Borrowed(_))
     }
 }
+
+/// A tensor's data lent to a send as borrowed bytes, as a rank lends the shards it holds
+/// (tests only).
+#[cfg(test)]
+#[derive(Debug)]
+pub(super) struct Held(pub(super) TensorData);
+
+// SAFETY: the data is owned by the `Held` and never written while it exists.
+#[cfg(test)]
+unsafe impl HostBytes for Held {
+    fn bytes(&self) -> &[u8] {
+        self.0.as_bytes()
+    }
+    fn dtype(&self) -> burn::tensor::DType {
+        self.0.dtype
+    }
+    fn shape(&self) -> Vec<usize> {
+        self.0.shape.to_vec()
+    }
+}

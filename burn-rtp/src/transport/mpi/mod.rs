@@ -460,8 +460,7 @@ impl<T: Send + 'static> Transport<T> for MpiEndpoint {
 
 #[cfg(test)]
 mod tests {
-    use super::super::HostBytes;
-    use super::buffer::Elems;
+    use super::buffer::{Elems, Held};
     use super::*;
     use burn::tensor::{DType, TensorData};
     use std::borrow::Cow;
@@ -536,20 +535,6 @@ mod tests {
         let first = send(0, Payload::Host(Arc::new(data(1.0))));
         Transport::<()>::flush(&endpoint).unwrap();
         // The second sends borrowed bytes, as ranks send the shards they hold.
-        #[derive(Debug)]
-        struct Held(TensorData);
-        // SAFETY: the data is owned and never written.
-        unsafe impl HostBytes for Held {
-            fn bytes(&self) -> &[u8] {
-                self.0.as_bytes()
-            }
-            fn dtype(&self) -> burn::tensor::DType {
-                self.0.dtype
-            }
-            fn shape(&self) -> Vec<usize> {
-                self.0.shape.to_vec()
-            }
-        }
         let second = send(1, Payload::Borrowed(Arc::new(Held(data(2.0)))));
         let receives =
             [0, 1].map(|part| Transport::<()>::irecv(&endpoint, 0, header(part)).unwrap());
