@@ -88,48 +88,39 @@
 //! (`mpi.md`), porting a model (`porting.md`), the tests and the performance reports.
 #![warn(missing_docs)]
 
-mod accounting;
+// The folders are the layers, lowest first: `state` (what a rank counts and stores), `comm`
+// (moving tensors between ranks), `backend` (the Burn backend and its ops), `runtime`
+// (starting worlds, the optimizer wrapper) and `tools` (planner, checkpoints). A module
+// uses only modules below it; `tests/layering.rs` holds the map.
 mod backend;
-pub mod checkpoint;
-mod collectives;
+mod comm;
 mod config;
-mod consolidate;
-mod device;
 mod error;
-mod host_view;
-mod launch;
-mod linear_pairing;
-mod ops;
-mod optim;
-mod p2p;
-mod placement;
-pub mod plan;
-mod ring;
-pub mod rotation;
-pub mod shard_io;
-pub mod sharding;
-mod tensor;
-pub mod timeline;
-pub mod transport;
-mod world;
+mod runtime;
+mod state;
+mod tools;
 
-pub use accounting::{
-    human_bytes, parse_bytes, peak_rss_bytes, Category, Charge, Ledger, MemoryStats, Phase,
-};
-pub use backend::Rtp;
+pub use comm::{rotation, transport};
+pub use state::{shard_io, sharding, timeline};
+pub use tools::{checkpoint, plan};
+
+pub use backend::device::RtpDevice;
+pub use backend::device::{enter_rank, register_device, RankGuard};
+pub use backend::rtp::Rtp;
+pub use backend::tensor::RtpTensor;
 pub use burn_rtp_kernels::{set_fused_kernels, KernelPath, RotationKernels};
 pub use config::{
     check_rank, Chaos, Delivery, MpiProgress, RotationMode, RtpConfig, Strategy, TransportKind,
     DEFAULT_SHARD_THRESHOLD,
 };
-pub use consolidate::{consolidate, gather_module};
-pub use device::RtpDevice;
-pub use device::{enter_rank, register_device, RankGuard};
 pub use error::{RtpError, RtpResult};
-pub use launch::{launch, try_launch, try_launch_on};
-pub use optim::{sync_gradients, GradNorm, RtpOptimizer};
-pub use placement::{placement, ParamPlacement, Placement, RtpBackend};
-pub use plan::{PlanConfig, PlanError, Planner, Prediction};
-pub use shard_io::ShardMap;
-pub use sharding::Layout;
-pub use tensor::RtpTensor;
+pub use runtime::launch::{launch, try_launch, try_launch_on};
+pub use runtime::optim::{sync_gradients, GradNorm, RtpOptimizer};
+pub use state::accounting::{
+    human_bytes, parse_bytes, peak_rss_bytes, Category, Charge, Ledger, MemoryStats, Phase,
+};
+pub use state::shard_io::ShardMap;
+pub use state::sharding::Layout;
+pub use tools::consolidate::{consolidate, gather_module};
+pub use tools::placement::{placement, ParamPlacement, Placement, RtpBackend};
+pub use tools::plan::{PlanConfig, PlanError, Planner, Prediction};

@@ -1,0 +1,193 @@
+//! The op-level state of one rank, around its communication context: what the backend's ops
+//! decide and remember (Linear pairing, parameter streams, gather fallbacks, shard IO) and the
+//! device id Burn knows the rank by.
+
+use crate::comm::context::Comm;
+use crate::comm::transport::Transport;
+use crate::config::RtpConfig;
+use crate::error::{raise, RtpError, RtpResult};
+use burn::tensor::backend::Backend;
+use std::any::Any;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+
+/// The state every op of one rank reads: its communication context and the ops' own records.
+pub struct RankCtx<B: Backend> {
+    /// Identity, transport, counters and accounting: all the communication layers see.
+    pub(crate) comm: Comm<B>,
+    persistent: AtomicUsize,
+    param_stream: AtomicU64,
+    seed: AtomicU64,
+    fallbacks: Mutex<BTreeMap<String, u64>>,
+    pub(crate) shard_io: crate::state::shard_io::ShardIoByThread,
+    /// Linear forwards awaiting their backward, and gradients computed ahead.
+    pub(crate) pairing: Mutex<crate::backend::pairing::Pairing<B>>,
+    pub(crate) index_id: u16,
+}
+
+impl<B: Backend> std::fmt::Debug for RankCtx<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.comm.fmt(f)
+    }
+}
+
+impl<B: Backend> RankCtx<B> {
+    /// Where a parameter (or its gradient) of logical `shape` lives: its split, or `None` when
+    /// it is replicated. Creation and every gradient-producing op ask this one function, so a
+    /// gradient always has the layout of its parameter.
+    pub(crate) fn param_spec(
+        &self,
+        shape: &burn::tensor::Shape,
+    ) -> Option<crate::state::sharding::ShardSpec> {
+        crate::state::sharding::placement(
+            self.comm.config.strategy,
+            shape,
+            self.comm.world_size,
+            self.comm.config.shard_threshold,
+        )
+    }
+
+    /// Whether parameters are being created right now (inside `memory_persistent_allocations`).
+    pub(crate) fn persistent(&self) -> bool {
+        self.persistent.load(Ordering::Acquire) > 0
+    }
+
+    pub(crate) fn enter_persistent(&self) -> PersistentGuard<'_> {
+        self.persistent.fetch_add(1, Ordering::AcqRel);
+        PersistentGuard(&self.persistent)
+    }
+
+    /// A new random stream for the next parameter; the same on every rank.
+    pub(crate) fn next_param_stream(&self) -> u64 {
+        self.param_stream.fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub(crate) fn seed(&self) -> u64 {
+        self.seed.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn set_seed(&self, seed: u64) {
+        self.seed.store(seed, Ordering::Relaxed);
+        self.param_stream.store(0, Ordering::Relaxed);
+    }
+
+    /// Records that `op` had to gather a sharded operand; logs the first time per op.
+    pub(crate) fn note_fallback(&self, op: &str, shapes: &[Vec<usize>]) {
+        if !self.comm.config.gather_fallback {
+            raise(RtpError::NoShardRule {
+                rank: self.comm.rank,
+                op: op.to_string(),
+                shapes: shapes.to_vec(),
+            });
+        }
+        let mut map = self.fallbacks.lock().unwrap();
+        let count = map.entry(op.to_string()).or_insert(0);
+        if *count == 0 && self.comm.rank == 0 {
+            tracing::info!(
+                op,
+                ?shapes,
+                "rtp: op has no shard-wise rule; gathering its sharded operands"
+            );
+        }
+        *count += 1;
+    }
+
+    pub(crate) fn fallback_counts(&self) -> BTreeMap<String, u64> {
+        self.fallbacks.lock().unwrap().clone()
+    }
+}
+
+/// Leaves persistent mode when dropped.
+pub(crate) struct PersistentGuard<'a>(&'a AtomicUsize);
+
+impl Drop for PersistentGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The live ranks of this process, by the device id Burn knows them by.
+///
+/// Burn's `DeviceId` has 16 bits for the index, so ids are slots that a rank frees when its
+/// last handle drops: ranks alive at the same time never share an id, and a process may
+/// create any number of worlds one after another.
+#[derive(Default)]
+struct Registry {
+    slots: Vec<Option<Box<dyn Any + Send + Sync>>>,
+    free: Vec<u16>,
+}
+
+/// Device ids available: the whole `u16` range.
+const MAX_LIVE_RANKS: usize = u16::MAX as usize + 1;
+
+impl Registry {
+    fn insert(&mut self, entry: Box<dyn Any + Send + Sync>) -> RtpResult<u16> {
+        if let Some(id) = self.free.pop() {
+            self.slots[id as usize] = Some(entry);
+            return Ok(id);
+        }
+        if self.slots.len() == MAX_LIVE_RANKS {
+            return Err(RtpError::TooManyDevices {
+                live: MAX_LIVE_RANKS,
+            });
+        }
+        self.slots.push(Some(entry));
+        Ok((self.slots.len() - 1) as u16)
+    }
+
+    fn remove(&mut self, id: u16) {
+        if let Some(slot) = self.slots.get_mut(id as usize) {
+            if slot.take().is_some() {
+                self.free.push(id);
+            }
+        }
+    }
+}
+
+fn registry() -> &'static Mutex<Registry> {
+    static REGISTRY: OnceLock<Mutex<Registry>> = OnceLock::new();
+    REGISTRY.get_or_init(Default::default)
+}
+
+impl<B: Backend> Drop for RankCtx<B> {
+    fn drop(&mut self) {
+        registry().lock().unwrap().remove(self.index_id);
+    }
+}
+
+/// Creates the context of `rank`, with a device id no other live rank has.
+pub(crate) fn new_rank_ctx<B: Backend>(
+    rank: usize,
+    world_id: u64,
+    inner: B::Device,
+    transport: Arc<dyn Transport<B::FloatTensorPrimitive>>,
+    config: RtpConfig,
+) -> RtpResult<Arc<RankCtx<B>>> {
+    let comm = Comm::new(rank, world_id, inner, transport, config)?;
+    // The slot is taken first (empty) so that a full registry fails before anything is built.
+    let index_id = registry().lock().unwrap().insert(Box::new(()))?;
+    let ctx = Arc::new(RankCtx {
+        comm,
+        pairing: Mutex::new(Default::default()),
+        persistent: AtomicUsize::new(0),
+        param_stream: AtomicU64::new(0),
+        seed: AtomicU64::new(0),
+        fallbacks: Mutex::new(BTreeMap::new()),
+        shard_io: Default::default(),
+        index_id,
+    });
+    registry().lock().unwrap().slots[index_id as usize] = Some(Box::new(Arc::downgrade(&ctx)));
+    Ok(ctx)
+}
+
+/// Finds the live rank with the device id Burn knows it by.
+pub(crate) fn find_rank_ctx<B: Backend>(index: u16) -> Option<Arc<RankCtx<B>>> {
+    let reg = registry().lock().unwrap();
+    let weak = reg
+        .slots
+        .get(index as usize)?
+        .as_ref()?
+        .downcast_ref::<Weak<RankCtx<B>>>()?;
+    weak.upgrade()
+}

@@ -1,0 +1,179 @@
+//! The float tensor primitive: a local tensor, a replicated parameter, or this rank's shard.
+
+use crate::backend::pairing::{Identity, Operand, Placed};
+use crate::backend::rank::RankCtx;
+use crate::state::accounting::{bytes_of, Category, Charge, Held};
+use crate::state::sharding::Layout;
+use burn::tensor::backend::Backend;
+use burn::tensor::{DType, Shape, TensorMetadata};
+use std::sync::Arc;
+
+/// Float tensor of [`Rtp`](crate::Rtp): the inner tensor, its layout and its rank.
+///
+/// It reports the logical (full) shape, so module code and optimizers see ordinary tensors.
+pub struct RtpTensor<B: Backend> {
+    pub(crate) inner: B::FloatTensorPrimitive,
+    pub(crate) layout: Layout,
+    pub(crate) ctx: Arc<RankCtx<B>>,
+    charge: Arc<Charge>,
+}
+
+impl<B: Backend> Clone for RtpTensor<B> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            layout: self.layout.clone(),
+            ctx: self.ctx.clone(),
+            charge: self.charge.clone(),
+        }
+    }
+}
+
+impl<B: Backend> std::fmt::Debug for RtpTensor<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "RtpTensor({} {:?} on rank {}: {:?})",
+            self.layout.name(),
+            self.shape().to_vec(),
+            self.ctx.comm.rank,
+            self.inner
+        )
+    }
+}
+
+impl<B: Backend> TensorMetadata for RtpTensor<B> {
+    fn dtype(&self) -> DType {
+        self.inner.dtype()
+    }
+
+    fn shape(&self) -> Shape {
+        match &self.layout {
+            Layout::Sharded(spec) => spec.full.clone(),
+            _ => self.inner.shape(),
+        }
+    }
+}
+
+impl<B: Backend> RtpTensor<B> {
+    /// Wraps a freshly computed inner tensor, charging it by layout.
+    pub(crate) fn new(
+        ctx: Arc<RankCtx<B>>,
+        inner: B::FloatTensorPrimitive,
+        layout: Layout,
+    ) -> Self {
+        let charge = ctx.comm.ledger.charge(layout.category(), bytes_of(&inner));
+        Self {
+            inner,
+            layout,
+            ctx,
+            charge,
+        }
+    }
+
+    /// Wraps the result of an op on `self`, reusing its charge when the inner backend could
+    /// have reused the buffer (sole owner, same size, same category).
+    pub(crate) fn derive(self, inner: B::FloatTensorPrimitive, layout: Layout) -> Self {
+        let reusable = Arc::strong_count(&self.charge) == 1
+            && self.charge.bytes() == bytes_of(&inner)
+            && self.charge.category() == layout.category();
+        if reusable {
+            Self {
+                inner,
+                layout,
+                ctx: self.ctx,
+                charge: self.charge,
+            }
+        } else {
+            Self::new(self.ctx, inner, layout)
+        }
+    }
+
+    /// The logical shape as a plain vector, for messages.
+    pub(crate) fn dims(&self) -> Vec<usize> {
+        self.shape().to_vec()
+    }
+
+    /// The layout of this tensor.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// The rank this tensor belongs to.
+    pub fn rank(&self) -> usize {
+        self.ctx.comm.rank
+    }
+
+    /// Shape of the inner tensor: this rank's shard, for a sharded tensor.
+    pub fn inner_shape(&self) -> Vec<usize> {
+        self.inner.shape().to_vec()
+    }
+
+    /// The inner backend tensor (the shard, for a sharded tensor).
+    pub fn inner(&self) -> &B::FloatTensorPrimitive {
+        &self.inner
+    }
+
+    /// Identity of this tensor and its clones (their shared charge), for pairing calls that
+    /// Burn makes with the same tensor; it never keeps the tensor alive.
+    pub(crate) fn identity(&self) -> std::sync::Weak<Charge> {
+        Arc::downgrade(&self.charge)
+    }
+
+    /// Takes the inner tensor out of its wrapper for an op, keeping it charged.
+    pub(crate) fn held(self) -> Held<B> {
+        Held::from_parts(self.inner, self.charge)
+    }
+}
+
+impl<B: Backend> RtpTensor<B> {
+    /// Splits into the charged inner tensor and its layout, to be kept without the rank.
+    pub(crate) fn into_placed(self) -> Placed<B> {
+        (Held::from_parts(self.inner, self.charge), self.layout)
+    }
+
+    /// Rewraps what [`RtpTensor::into_placed`] split, with its charge as it was.
+    pub(crate) fn from_placed(ctx: Arc<RankCtx<B>>, (held, layout): Placed<B>) -> Self {
+        let (inner, charge) = held.into_parts();
+        Self {
+            inner,
+            layout,
+            ctx,
+            charge,
+        }
+    }
+}
+
+impl<B: Backend> Operand<B> for RtpTensor<B> {
+    fn identity(&self) -> Identity {
+        RtpTensor::identity(self)
+    }
+
+    fn dims(&self) -> Vec<usize> {
+        RtpTensor::dims(self)
+    }
+
+    fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    fn keep(&self) -> Held<B> {
+        self.clone().held()
+    }
+}
+
+impl<B: Backend> Held<B> {
+    /// Wraps the tensor as a local tensor of `ctx`, keeping a local charge as it is.
+    pub(crate) fn into_local(self, ctx: Arc<RankCtx<B>>) -> RtpTensor<B> {
+        if self.category() == Category::Local {
+            let (inner, charge) = self.into_parts();
+            return RtpTensor {
+                inner,
+                layout: Layout::Local,
+                ctx,
+                charge,
+            };
+        }
+        self.consume(|t| RtpTensor::new(ctx, t, Layout::Local))
+    }
+}

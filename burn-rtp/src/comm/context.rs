@@ -1,0 +1,99 @@
+//! What the communication layers read: who this rank is, how it reaches its peers, and what
+//! it counts while bytes move.
+//!
+//! [`Comm`] holds no op-level state (no Linear pairing, no parameter streams, no shard IO):
+//! `p2p`, `rotation` and `collectives` take a `&Comm`, so they cannot reach what the backend's
+//! ops decide, and the op layer owns one `Comm` inside its rank context.
+
+use crate::comm::transport::Transport;
+use crate::config::RtpConfig;
+use crate::error::{raise, RtpResult};
+use crate::state::accounting::Ledger;
+use crate::state::timeline::Timeline;
+use burn::tensor::backend::Backend;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// One rank's communication context: identity, transport, sequence numbers and counters.
+pub(crate) struct Comm<B: Backend> {
+    /// This rank's index in the world.
+    pub(crate) rank: usize,
+    /// The number of ranks.
+    pub(crate) world_size: usize,
+    /// The world this rank belongs to (distinct for worlds alive at the same time).
+    pub(crate) world_id: u64,
+    /// The inner backend's device, where received tensors are made.
+    pub(crate) inner: B::Device,
+    /// How tensors reach the other ranks.
+    pub(crate) transport: Arc<dyn Transport<B::FloatTensorPrimitive>>,
+    /// The world's settings (rotation mode, timeouts, strategy).
+    pub(crate) config: RtpConfig,
+    /// This rank's memory ledger; buffers in flight are charged to it.
+    pub(crate) ledger: Arc<Ledger>,
+    /// Compute, transfer and wait intervals of the rotation.
+    pub(crate) timeline: Timeline,
+    /// Exchanges with the ring neighbours (each one synchronisation).
+    pub(crate) exchanges: AtomicU64,
+    seq: AtomicU64,
+    copy_on_receive: bool,
+}
+
+impl<B: Backend> Comm<B> {
+    /// The context of `rank` of a world configured by `config`; whether received tensors are
+    /// copied into the rank's own buffers is decided here, once.
+    pub(crate) fn new(
+        rank: usize,
+        world_id: u64,
+        inner: B::Device,
+        transport: Arc<dyn Transport<B::FloatTensorPrimitive>>,
+        config: RtpConfig,
+    ) -> RtpResult<Self> {
+        crate::config::check_rank(rank, config.world_size)?;
+        let ledger = Ledger::for_rank(rank, config.memory_cap);
+        let copy_on_receive = config
+            .copy_on_receive
+            .unwrap_or_else(|| !B::name(&inner).starts_with("ndarray"));
+        Ok(Self {
+            rank,
+            world_size: config.world_size,
+            world_id,
+            inner,
+            transport,
+            config,
+            ledger,
+            timeline: Timeline::default(),
+            exchanges: AtomicU64::new(0),
+            seq: AtomicU64::new(0),
+            copy_on_receive,
+        })
+    }
+
+    /// Next collective sequence number; equal on every rank that runs the same program.
+    pub(crate) fn next_seq(&self) -> u64 {
+        self.seq.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Whether received shards are copied into this rank's own buffers (see
+    /// [`RtpConfig::copy_on_receive`](crate::RtpConfig)).
+    pub(crate) fn copies_on_receive(&self) -> bool {
+        self.copy_on_receive
+    }
+
+    /// Unwraps a transport result inside a backend op, where errors can only unwind.
+    pub(crate) fn check<T>(&self, result: RtpResult<T>) -> T {
+        match result {
+            Ok(v) => v,
+            Err(e) => raise(e),
+        }
+    }
+}
+
+impl<B: Backend> std::fmt::Debug for Comm<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "rank {}/{} of world {} on {:?}",
+            self.rank, self.world_size, self.world_id, self.inner
+        )
+    }
+}
