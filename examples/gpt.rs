@@ -168,7 +168,11 @@ struct TrainArgs {
     /// Also checkpoint every this many steps.
     #[arg(long, default_value_t = 0)]
     checkpoint_every: usize,
-    /// Resume from this checkpoint.
+    /// Keep the newest this many checkpoints under --checkpoint-dir (0 keeps every one).
+    #[arg(long, default_value_t = 3)]
+    keep_last: usize,
+    /// Resume from this checkpoint: a step folder, or a --checkpoint-dir, whose newest
+    /// complete checkpoint is taken.
     #[arg(long)]
     resume: Option<PathBuf>,
     /// Start from this full-model record (e.g. a consolidated checkpoint).
@@ -522,6 +526,7 @@ fn main() -> ExitCode {
     cfg.data = a.data.clone();
     cfg.checkpoint_dir = a.checkpoint_dir.clone();
     cfg.checkpoint_every = a.checkpoint_every;
+    cfg.keep_last = a.keep_last;
     cfg.resume = a.resume.clone();
     cfg.init = a.init.clone();
     cfg.eval_every = a.eval_every;

@@ -256,7 +256,7 @@ fn damaged_or_mismatched_checkpoints_are_refused_before_loading() {
     let good = std::fs::read(&file).unwrap();
     // Truncated.
     std::fs::write(&file, &good[..good.len() - 10]).unwrap();
-    match Checkpoint::open(&root) {
+    match Checkpoint::open(&dir) {
         Err(CheckpointError::Truncated {
             bytes, expected, ..
         }) => {
@@ -264,12 +264,25 @@ fn damaged_or_mismatched_checkpoints_are_refused_before_loading() {
         }
         other => panic!("expected Truncated, got {other:?}"),
     }
+    // Opened through its root, the only checkpoint there is not complete: the error says so
+    // and names its fault.
+    match Checkpoint::open(&root) {
+        Err(CheckpointError::NoneComplete {
+            tried: 1, newest, ..
+        }) => {
+            assert!(
+                matches!(*newest, CheckpointError::Truncated { .. }),
+                "{newest}"
+            )
+        }
+        other => panic!("expected NoneComplete, got {other:?}"),
+    }
     // One byte flipped.
     let mut bad = good.clone();
     bad[good.len() / 2] ^= 0x40;
     std::fs::write(&file, &bad).unwrap();
     assert!(matches!(
-        Checkpoint::open(&root),
+        Checkpoint::open(&dir),
         Err(CheckpointError::Checksum { .. })
     ));
     std::fs::write(&file, &good).unwrap();
@@ -286,7 +299,7 @@ fn damaged_or_mismatched_checkpoints_are_refused_before_loading() {
     )
     .unwrap();
     assert!(matches!(
-        Checkpoint::open(&root),
+        Checkpoint::open(&dir),
         Err(CheckpointError::Format { found: 1, .. })
     ));
     // Nothing there.

@@ -27,7 +27,9 @@ pub struct TrainerFields {
     pub seed: u64,
 }
 
-/// Writes a checkpoint of `step` under `root` (a collective: every rank calls it).
+/// Writes a checkpoint of `step` under `root` (a collective: every rank calls it); then rank
+/// 0 keeps the newest `keep_last` checkpoints there (0: all) and removes what killed saves
+/// left behind.
 pub fn save<B, I, O>(
     device: &RtpDevice<I>,
     root: &Path,
@@ -35,23 +37,59 @@ pub fn save<B, I, O>(
     fields: &TrainerFields,
     model: &Gpt<B>,
     optim: &O,
+    keep_last: usize,
 ) -> Result<PathBuf, CheckpointError>
 where
     I: RotationKernels,
     B: AutodiffBackend<Device = RtpDevice<I>>,
     O: Optimizer<Gpt<B>, B>,
 {
-    burn_rtp::checkpoint::save(device, root, step as u64, model, optim, fields)
+    let dir = burn_rtp::checkpoint::save(device, root, step as u64, model, optim, fields)?;
+    if device.rank() == 0 && keep_last > 0 {
+        burn_rtp::checkpoint::prune(root, keep_last)?;
+    }
+    Ok(dir)
 }
 
 /// Opens and verifies the checkpoint at `path`, and refuses it unless it was written by a
 /// world like `world` (size, strategy, shard threshold) with the same trainer fields.
+///
+/// `path` is a checkpoint folder or a root; under a root the newest complete checkpoint is
+/// taken, and each newer folder passed over is told on stderr with its fault (when `tell`).
+/// A broken folder named directly is refused, with a line naming the newest complete
+/// checkpoint beside it when there is one.
 pub fn open_for(
     path: &Path,
     world: &RtpConfig,
     fields: &TrainerFields,
+    tell: bool,
 ) -> Result<Checkpoint, CheckpointError> {
-    let ckpt = Checkpoint::open(path)?;
+    let ckpt = if path.join("manifest.json").exists() {
+        Checkpoint::open(path).inspect_err(|_| {
+            let newest = path.parent().and_then(|root| Checkpoint::newest(root).ok());
+            if let (true, Some(newest)) = (tell, newest) {
+                eprintln!(
+                    "resume: the newest complete checkpoint beside it is step {} ({}); \
+                     resume from it with --resume {}",
+                    newest.checkpoint.manifest().step,
+                    newest.checkpoint.dir().display(),
+                    path.parent().unwrap_or(path).display()
+                );
+            }
+        })?
+    } else {
+        let newest = Checkpoint::newest(path)?;
+        if tell {
+            for skipped in &newest.skipped {
+                eprintln!(
+                    "resume: skipped {}: {}",
+                    skipped.dir.display(),
+                    skipped.error
+                );
+            }
+        }
+        newest.checkpoint
+    };
     ckpt.check_config(world)?;
     let saved: TrainerFields = ckpt.user()?;
     let mismatch = |what: &str, c: String, r: String| CheckpointError::Mismatch {

@@ -57,6 +57,8 @@ pub struct TrainConfig {
     pub checkpoint_dir: Option<PathBuf>,
     /// Write a checkpoint every this many steps (0: only at the end).
     pub checkpoint_every: usize,
+    /// Keep this many newest checkpoints under `checkpoint_dir` (0: keep every one).
+    pub keep_last: usize,
     /// Checkpoint to resume from.
     pub resume: Option<PathBuf>,
     /// Full-model record (e.g. a consolidated checkpoint) to start from; each rank keeps
@@ -103,6 +105,7 @@ impl TrainConfig {
             data: None,
             checkpoint_dir: None,
             checkpoint_every: 0,
+            keep_last: 3,
             resume: None,
             init: None,
             eval_every: 50,
@@ -538,6 +541,7 @@ impl RankJob<'_> {
                     &cfg.fields(),
                     model,
                     optim,
+                    cfg.keep_last,
                 )?);
                 log.saved_at = Some(done);
             }
@@ -596,6 +600,7 @@ impl RankJob<'_> {
                     &cfg.fields(),
                     &model,
                     optim,
+                    cfg.keep_last,
                 )?);
             }
         }
@@ -656,7 +661,10 @@ pub fn train<I: RotationKernels>(
         .with_rotation(cfg.rotation)
         .with_shard_threshold(cfg.threshold());
     let resume = match &cfg.resume {
-        Some(path) => Some(checkpoint::open_for(path, &rtp, &cfg.fields())?),
+        Some(path) => {
+            let rank0 = burn_rtp::transport::mpi_launch().is_none_or(|job| job.rank == 0);
+            Some(checkpoint::open_for(path, &rtp, &cfg.fields(), rank0)?)
+        }
         None => None,
     };
     let start = resume.as_ref().map_or(0, |c| c.manifest().step as usize);

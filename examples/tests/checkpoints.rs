@@ -120,6 +120,63 @@ fn bad_checkpoints_are_refused() {
 }
 
 #[test]
+fn a_root_resumes_from_its_newest_complete_checkpoint_and_keeps_the_last_few() {
+    let dir = temp_dir("newest");
+    let straight =
+        train::<NdArray>(&tiny(Strategy::Rtp, 2, 8), |_| Default::default(), None).unwrap();
+    let root = dir.join("ckpt");
+    let mut cfg = tiny(Strategy::Rtp, 2, 8);
+    cfg.checkpoint_dir = Some(root.clone());
+    cfg.checkpoint_every = 2;
+    cfg.keep_last = 2;
+    train::<NdArray>(&cfg, |_| Default::default(), None).unwrap();
+    let mut kept: Vec<String> = std::fs::read_dir(&root)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    kept.sort();
+    assert_eq!(
+        kept,
+        ["latest", "step-00000006", "step-00000008"],
+        "--keep-last 2"
+    );
+
+    // The newest checkpoint is cut short: a resume from the root passes it over, says why,
+    // and trains on from step 6 to the straight run's losses.
+    let shard = root.join("step-00000008").join("rank-00001.optim.mpk");
+    let bytes = std::fs::read(&shard).unwrap();
+    std::fs::write(&shard, &bytes[..bytes.len() - 1]).unwrap();
+    let newest = Checkpoint::newest(&root).unwrap();
+    assert_eq!(newest.checkpoint.manifest().step, 6);
+    assert_eq!(newest.skipped.len(), 1);
+    assert!(newest.skipped[0].dir.ends_with("step-00000008"));
+    let said = newest.skipped[0].error.to_string();
+    assert!(
+        said.contains("rank-00001.optim.mpk") && said.contains("truncated"),
+        "{said}"
+    );
+    let mut resume = tiny(Strategy::Rtp, 2, 2);
+    resume.resume = Some(root.clone());
+    let out = train::<NdArray>(&resume, |_| Default::default(), None).unwrap();
+    assert_eq!(out.report.losses, straight.report.losses[6..]);
+
+    // Named directly, the cut checkpoint is refused; with every checkpoint broken, a resume
+    // from the root says none is complete and names the newest one's fault.
+    assert!(matches!(
+        Checkpoint::open(&root.join("step-00000008")),
+        Err(CheckpointError::Truncated { .. })
+    ));
+    let shard = root.join("step-00000006").join("rank-00000.model.mpk");
+    std::fs::write(&shard, b"").unwrap();
+    let err = Checkpoint::open(&root).unwrap_err();
+    assert!(
+        matches!(&err, CheckpointError::NoneComplete { tried: 2, .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("step-00000008"), "{err}");
+}
+
+#[test]
 fn bad_data_is_refused() {
     let dir = temp_dir("bad-data");
     let mut cfg = tiny(Strategy::Rtp, 2, 1);

@@ -264,10 +264,16 @@ impl<B: Backend> RtpDevice<B> {
     /// Runs `load` (which deserialises records saved by [`save_shards`](Self::save_shards)) so
     /// that the tensors it creates are this rank's shards again (on the calling thread).
     pub fn load_shards<T>(&self, map: &ShardMap, load: impl FnOnce() -> T) -> T {
+        /// Puts the thread's shard IO back to ordinary, also when `load` unwinds.
+        struct Off<'a>(&'a crate::state::shard_io::ShardIoByThread);
+        impl Drop for Off<'_> {
+            fn drop(&mut self) {
+                self.0.set(ShardIo::Off);
+            }
+        }
         self.ctx.shard_io.set(ShardIo::Loading(map.clone()));
-        let out = load();
-        self.ctx.shard_io.set(ShardIo::Off);
-        out
+        let _off = Off(&self.ctx.shard_io);
+        load()
     }
 
     /// Starts (or stops) recording this rank's rotation timeline, clearing what was recorded.

@@ -127,7 +127,10 @@ impl ShardIoByThread {
     /// Sets the calling thread's mode.
     pub(crate) fn set(&self, io: ShardIo) {
         let id = std::thread::current().id();
-        let mut modes = self.0.lock().unwrap();
+        let mut modes = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         match io {
             ShardIo::Off => modes.remove(&id),
             io => modes.insert(id, io),
@@ -137,13 +140,20 @@ impl ShardIoByThread {
     /// Takes the calling thread's mode, leaving it off.
     pub(crate) fn take(&self) -> ShardIo {
         let id = std::thread::current().id();
-        self.0.lock().unwrap().remove(&id).unwrap_or_default()
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&id)
+            .unwrap_or_default()
     }
 
     /// Runs `f` on the calling thread's mode.
     pub(crate) fn with<T>(&self, f: impl FnOnce(&mut ShardIo) -> T) -> T {
         let id = std::thread::current().id();
-        let mut modes = self.0.lock().unwrap();
+        let mut modes = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         match modes.get_mut(&id) {
             Some(io) => f(io),
             None => f(&mut ShardIo::Off),

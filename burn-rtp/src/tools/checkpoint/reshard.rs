@@ -53,8 +53,8 @@ pub(super) fn reshard(ckpt: &Checkpoint, target: Target) -> Result<Resharded, Ch
         old.insert(
             n,
             OldRank {
-                model: read_tree(ckpt, &model_file(n))?,
-                optim: read_tree(ckpt, &optim_file(n))?,
+                model: read_tree(ckpt, &model_file(n), Some(&ckpt.manifest().model_kinds))?,
+                optim: read_tree(ckpt, &optim_file(n), None)?,
             },
         );
     }
@@ -127,12 +127,21 @@ fn intersect(a: ShardRange, b: ShardRange) -> ShardRange {
     }
 }
 
-fn read_tree(ckpt: &Checkpoint, name: &str) -> Result<Value, CheckpointError> {
+/// Reads a record file as a tree, once every tensor's bytes are checked to fill its shape (so
+/// the sizes computed below cannot overflow) and, for a model record, its tensors are of the
+/// parameter kinds the manifest records (`kinds`; empty in checkpoints that predate them).
+fn read_tree(ckpt: &Checkpoint, name: &str, kinds: Option<&str>) -> Result<Value, CheckpointError> {
     let bytes = ckpt.read(name)?;
-    rmpv::decode::read_value(&mut bytes.as_slice()).map_err(|e| CheckpointError::Record {
+    let bad = |reason: String| CheckpointError::Record {
         path: ckpt.dir().join(name),
-        reason: format!("not a MessagePack record: {e}"),
-    })
+        reason,
+    };
+    let dtypes = super::validate::tensor_dtypes(&bytes).map_err(bad)?;
+    if let Some(kinds) = kinds.filter(|k| !k.is_empty()) {
+        super::validate::check_kinds(&dtypes, kinds).map_err(bad)?;
+    }
+    rmpv::decode::read_value(&mut bytes.as_slice())
+        .map_err(|e| bad(format!("not a MessagePack record: {e}")))
 }
 
 fn write_tree(tree: &Value) -> Vec<u8> {

@@ -144,7 +144,9 @@ impl Engine {
                     else {
                         break;
                     };
-                    let mut raw = vec![0u8; status.count(u8::equivalent_datatype()) as usize];
+                    // MPI's count of a byte message is never negative; 0 if it were.
+                    let count = status.count(u8::equivalent_datatype()).max(0) as usize;
+                    let mut raw = vec![0u8; count];
                     message.matched_receive_into(&mut raw[..]);
                     self.envelopes[source] = Some(
                         serde_json::from_slice(&raw).map_err(|e| format!("unreadable header: {e}")),
@@ -155,7 +157,7 @@ impl Engine {
                     break;
                 };
                 let envelope = self.envelopes[source].take().expect("taken above");
-                let len = status.count(u8::equivalent_datatype()) as usize;
+                let len = status.count(u8::equivalent_datatype()).max(0) as usize;
                 let size = envelope.as_ref().map_or(1, |e| e.dtype.size());
                 // The bytes move from here on: over a single-copy transport (Open MPI's vader
                 // with CMA) this call itself copies them from the sender's memory, so the wire
