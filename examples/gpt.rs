@@ -41,6 +41,17 @@ enum Command {
         #[arg(long)]
         out: PathBuf,
     },
+    /// Run a command (an `mpirun` of this trainer) and, when it fails, start it again from
+    /// the newest complete checkpoint under its --checkpoint-dir, up to --max-restarts times,
+    /// to the same last step: `gpt supervise --max-restarts 3 -- mpirun -np 4 gpt ...`.
+    Supervise {
+        /// How many times to restart the command.
+        #[arg(long)]
+        max_restarts: usize,
+        /// The command and its arguments (after `--`).
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
     /// Predict each rank's peak memory under every strategy at N = 1, 2, 4, 8 and 16, from
     /// a probe step on one rank, and recommend the smallest world that fits a budget.
     Plan {
@@ -171,6 +182,10 @@ struct TrainArgs {
     /// Keep the newest this many checkpoints under --checkpoint-dir (0 keeps every one).
     #[arg(long, default_value_t = 3)]
     keep_last: usize,
+    /// Restart the world from the newest checkpoint under --checkpoint-dir when it fails, up
+    /// to this many times (in-process; under mpirun use `gpt supervise`).
+    #[arg(long, default_value_t = 0)]
+    max_restarts: usize,
     /// Resume from this checkpoint: a step folder, or a --checkpoint-dir, whose newest
     /// complete checkpoint is taken.
     #[arg(long)]
@@ -428,6 +443,109 @@ fn plan(budget: &str, batch: usize, max_ranks: usize, model: &ModelArgs) -> Exit
     }
 }
 
+/// The value of flag `name` in `args` (`--name value` or `--name=value`).
+fn flag_value(args: &[String], name: &str) -> Option<String> {
+    let eq = format!("{name}=");
+    args.iter().enumerate().find_map(|(i, a)| {
+        if a == name {
+            args.get(i + 1).cloned()
+        } else {
+            a.strip_prefix(&eq).map(str::to_string)
+        }
+    })
+}
+
+/// `args` without flag `name` and its value.
+fn without_flag(args: &[String], name: &str) -> Vec<String> {
+    let eq = format!("{name}=");
+    let mut out = Vec::new();
+    let mut skip = false;
+    for a in args {
+        if std::mem::take(&mut skip) {
+            continue;
+        }
+        if a == name {
+            skip = true;
+        } else if !a.starts_with(&eq) {
+            out.push(a.clone());
+        }
+    }
+    out
+}
+
+/// `gpt supervise`: runs `command`, and after each failure starts it again from the newest
+/// complete checkpoint under its `--checkpoint-dir`, with `--steps` cut to the same last step.
+fn supervise(max_restarts: usize, command: &[String]) -> ExitCode {
+    use burn_rtp_examples::checkpoint::Checkpoint;
+    let Some(root) = flag_value(command, "--checkpoint-dir").map(PathBuf::from) else {
+        eprintln!(
+            "error: the supervised command needs --checkpoint-dir: a restart resumes from it"
+        );
+        return ExitCode::FAILURE;
+    };
+    let steps: usize = match flag_value(command, "--steps").map(|s| s.parse()) {
+        Some(Ok(steps)) => steps,
+        None => 200,
+        Some(Err(_)) => {
+            eprintln!("error: the supervised command's --steps is not a number");
+            return ExitCode::FAILURE;
+        }
+    };
+    let first_step = match flag_value(command, "--resume") {
+        Some(path) => match Checkpoint::open_manifest(path.as_ref()) {
+            Ok(c) => c.manifest().step as usize,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+        None => 0,
+    };
+    let end = first_step + steps;
+    let mut args = command.to_vec();
+    for attempt in 0..=max_restarts {
+        let status = std::process::Command::new(&args[0])
+            .args(&args[1..])
+            .env(burn_rtp_examples::restart::ATTEMPT, attempt.to_string())
+            .status();
+        let why = match status {
+            Ok(s) if s.success() => {
+                if attempt > 0 {
+                    println!("finished after {attempt} restart(s)");
+                }
+                return ExitCode::SUCCESS;
+            }
+            Ok(s) => format!("the job ended with {s}"),
+            Err(e) => {
+                eprintln!("error: cannot start {}: {e}", args[0]);
+                return ExitCode::FAILURE;
+            }
+        };
+        if attempt == max_restarts {
+            eprintln!("error: {why}; no restarts left (--max-restarts {max_restarts})");
+            return ExitCode::FAILURE;
+        }
+        let (resume, from) = match Checkpoint::newest(&root) {
+            Ok(newest) => (
+                Some(newest.checkpoint.dir().display().to_string()),
+                newest.checkpoint.manifest().step as usize,
+            ),
+            Err(_) => (flag_value(command, "--resume"), first_step),
+        };
+        eprintln!(
+            "restart {} of {max_restarts}: {why}; resuming from step {from} ({})",
+            attempt + 1,
+            resume.as_deref().unwrap_or("the run's start")
+        );
+        args = without_flag(&without_flag(command, "--resume"), "--steps");
+        args.extend(["--steps".into(), (end - from).to_string()]);
+        if let Some(path) = resume {
+            args.extend(["--resume".into(), path]);
+        }
+    }
+    unreachable!("the loop returns on its last attempt")
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Some(Command::Plan {
@@ -438,6 +556,13 @@ fn main() -> ExitCode {
     }) = &cli.command
     {
         return plan(memory_budget, *batch_per_rank, *max_ranks, model);
+    }
+    if let Some(Command::Supervise {
+        max_restarts,
+        command,
+    }) = &cli.command
+    {
+        return supervise(*max_restarts, command);
     }
     if let Some(Command::Consolidate { checkpoint, out }) = &cli.command {
         return match consolidate_checkpoint(checkpoint, out) {
@@ -527,6 +652,15 @@ fn main() -> ExitCode {
     cfg.checkpoint_dir = a.checkpoint_dir.clone();
     cfg.checkpoint_every = a.checkpoint_every;
     cfg.keep_last = a.keep_last;
+    cfg.max_restarts = a.max_restarts;
+    if a.max_restarts > 0 && transport == TransportKind::Mpi {
+        eprintln!(
+            "error: under mpirun a failed rank ends the whole job, so the job must be started \
+             again from outside: `gpt supervise --max-restarts {} -- mpirun -np N gpt ...`",
+            a.max_restarts
+        );
+        return ExitCode::FAILURE;
+    }
     cfg.resume = a.resume.clone();
     cfg.init = a.init.clone();
     cfg.eval_every = a.eval_every;

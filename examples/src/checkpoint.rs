@@ -51,8 +51,10 @@ where
     Ok(dir)
 }
 
-/// Opens and verifies the checkpoint at `path`, and refuses it unless it was written by a
-/// world like `world` (size, strategy, shard threshold) with the same trainer fields.
+/// Opens and verifies the checkpoint at `path`, and refuses it unless it was written with the
+/// same trainer fields (model shape, global batch). A checkpoint of another world size,
+/// strategy or shard threshold is taken too, to be loaded through resharding, and said so
+/// (when `tell`).
 ///
 /// `path` is a checkpoint folder or a root; under a root the newest complete checkpoint is
 /// taken, and each newer folder passed over is told on stderr with its fault (when `tell`).
@@ -90,7 +92,20 @@ pub fn open_for(
         }
         newest.checkpoint
     };
-    ckpt.check_config(world)?;
+    if let (Err(_), true) = (ckpt.check_config(world), tell) {
+        let m = ckpt.manifest();
+        eprintln!(
+            "resume: resharding the checkpoint of step {} from {} rank(s) ({}, shard threshold \
+             {}) into {} rank(s) ({}, shard threshold {})",
+            m.step,
+            m.world_size,
+            m.strategy,
+            m.shard_threshold,
+            world.world_size,
+            world.strategy,
+            world.shard_threshold
+        );
+    }
     let saved: TrainerFields = ckpt.user()?;
     let mismatch = |what: &str, c: String, r: String| CheckpointError::Mismatch {
         what: what.into(),

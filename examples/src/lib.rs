@@ -10,6 +10,7 @@ pub mod learner_steps;
 pub mod model;
 pub mod plan;
 pub mod report;
+pub mod restart;
 pub mod schedule;
 pub mod signals;
 pub mod trainer;

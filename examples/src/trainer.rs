@@ -59,6 +59,9 @@ pub struct TrainConfig {
     pub checkpoint_every: usize,
     /// Keep this many newest checkpoints under `checkpoint_dir` (0: keep every one).
     pub keep_last: usize,
+    /// Restart a failed world from its newest checkpoint under `checkpoint_dir` up to this
+    /// many times (in-process; under MPI, `gpt supervise` restarts the job).
+    pub max_restarts: usize,
     /// Checkpoint to resume from.
     pub resume: Option<PathBuf>,
     /// Full-model record (e.g. a consolidated checkpoint) to start from; each rank keeps
@@ -106,6 +109,7 @@ impl TrainConfig {
             checkpoint_dir: None,
             checkpoint_every: 0,
             keep_last: 3,
+            max_restarts: 0,
             resume: None,
             init: None,
             eval_every: 50,
@@ -172,6 +176,13 @@ impl TrainConfig {
                     "--clip-grad-norm must be a positive finite number, not {c}"
                 ));
             }
+        }
+        if self.max_restarts > 0 && self.checkpoint_dir.is_none() {
+            return bad(format!(
+                "--max-restarts {} needs --checkpoint-dir: a restart resumes from the newest \
+                 checkpoint there",
+                self.max_restarts
+            ));
         }
         if self.resume.is_none() && self.warmup_steps > self.steps {
             return bad(format!(
@@ -273,6 +284,9 @@ pub struct TrainOutcome {
     pub checkpoint: Option<PathBuf>,
     /// The step after which a stop request ended the run early (`None`: it ran to the end).
     pub stopped_at: Option<usize>,
+    /// How many times the world failed and was restarted from a checkpoint; the report
+    /// holds the last attempt's steps.
+    pub restarts: usize,
 }
 
 type Ad<I> = burn::backend::Autodiff<Rtp<I>>;
@@ -415,9 +429,11 @@ impl RankJob<'_> {
             val: initial_val,
             ..RankLog::default()
         };
+        let one_process_per_rank = burn_rtp::transport::mpi_launch().is_some();
         for step in self.steps.clone() {
             let t0 = Instant::now();
             let done = step + 1;
+            crate::restart::maybe_fail(device.rank(), done, one_process_per_rank);
             // The lines of an ordinary Burn training step: this rank's slice of the batch,
             // the loss, backward, and the update through `RtpOptimizer`.
             let (x, y) = Windows::train(
@@ -480,7 +496,12 @@ impl RankJob<'_> {
             model = checkpoint::load_full_into(path, model, device)?;
         }
         if let Some(ckpt) = self.resume {
-            (model, optim) = ckpt.load(device, model, optim)?;
+            // Another world size, strategy or shard threshold loads through resharding: each
+            // rank reads only the files holding its columns.
+            (model, optim) = match ckpt.check_world(device) {
+                Ok(()) => ckpt.load(device, model, optim)?,
+                Err(_) => ckpt.load_resharded(device, model, optim)?,
+            };
         }
         if device.rank() == 0 {
             // Which parameters the shard threshold left whole, before any step runs.
@@ -647,13 +668,75 @@ fn check_grad_norm<I: RotationKernels>(
         }))
 }
 
-/// Trains a GPT under `cfg` on the inner backend `I` and returns the outcome.
+/// Trains a GPT under `cfg` on the inner backend `I` and returns the outcome. A world that
+/// fails (a rank's error or panic, a peer lost) is started again from the newest complete
+/// checkpoint under `cfg.checkpoint_dir`, up to `cfg.max_restarts` times, to the same last
+/// step; each restart is told on stderr with its cause and step.
 pub fn train<I: RotationKernels>(
     cfg: &TrainConfig,
     inner_device: impl Fn(usize) -> I::Device,
     progress: Option<&dyn Progress>,
 ) -> Result<TrainOutcome, TrainError> {
     cfg.validate()?;
+    let first_step = match &cfg.resume {
+        Some(path) => checkpoint::Checkpoint::open_manifest(path)?.manifest().step as usize,
+        None => 0,
+    };
+    let end = first_step + cfg.steps;
+    let mut attempt_cfg = cfg.clone();
+    let mut restarts = 0;
+    loop {
+        crate::restart::set_attempt(restarts);
+        let error = match train_once::<I>(&attempt_cfg, &inner_device, progress) {
+            Ok(mut outcome) => {
+                outcome.restarts = restarts;
+                return Ok(outcome);
+            }
+            Err(error) if restarts < cfg.max_restarts && restartable(&error) => error,
+            Err(error) => return Err(error),
+        };
+        restarts += 1;
+        let root = cfg
+            .checkpoint_dir
+            .as_ref()
+            .expect("validated with max_restarts");
+        let (resume, from) = match checkpoint::Checkpoint::newest(root) {
+            Ok(newest) => {
+                let step = newest.checkpoint.manifest().step as usize;
+                (Some(newest.checkpoint.dir().to_path_buf()), step)
+            }
+            Err(_) => (cfg.resume.clone(), first_step),
+        };
+        eprintln!(
+            "restart {restarts} of {}: {error}; resuming from step {from} ({})",
+            cfg.max_restarts,
+            resume
+                .as_ref()
+                .map_or("the run's start".into(), |p| p.display().to_string())
+        );
+        attempt_cfg.resume = resume;
+        attempt_cfg.steps = end - from;
+    }
+}
+
+/// Whether a failed attempt is worth starting again: a rank or peer failed (also while a
+/// checkpoint was being written). Bad settings, data or checkpoints, and a non-finite loss,
+/// would fail the same way again.
+fn restartable(error: &TrainError) -> bool {
+    matches!(
+        error,
+        TrainError::Rtp(_)
+            | TrainError::Checkpoint(CheckpointError::Rtp(_))
+            | TrainError::Checkpoint(CheckpointError::OtherRankFailed { .. })
+    )
+}
+
+/// One attempt of [`train`]: one world, from `cfg.resume` (or the start) to the last step.
+fn train_once<I: RotationKernels>(
+    cfg: &TrainConfig,
+    inner_device: &impl Fn(usize) -> I::Device,
+    progress: Option<&dyn Progress>,
+) -> Result<TrainOutcome, TrainError> {
     let world = cfg.ranks;
     let corpus = Corpus::load(cfg.data.as_deref(), cfg.model.seq)?;
     let mut rtp = RtpConfig::new(world)
@@ -692,7 +775,7 @@ pub fn train<I: RotationKernels>(
         per,
         progress,
     };
-    let results = burn_rtp::try_launch_on::<I, _, TrainError, _>(rtp, &inner_device, |device| {
+    let results = burn_rtp::try_launch_on::<I, _, TrainError, _>(rtp, inner_device, |device| {
         job.run(device)
     })?;
     let first = &results[0];
@@ -737,5 +820,6 @@ pub fn train<I: RotationKernels>(
         sample: first.sample.clone(),
         checkpoint: first.checkpoint.clone(),
         stopped_at: first.stopped_at,
+        restarts: 0,
     })
 }

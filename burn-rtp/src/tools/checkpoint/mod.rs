@@ -397,20 +397,28 @@ where
     } else {
         Ok(())
     };
-    agree(device, step, prepared)?;
-    let written = write_rank_files(device, &tmp, model, optim);
-    agree(device, step, written)?;
     let dest = step_dir(root, step);
-    let kinds: String = param_kinds::<B, M>(model)
-        .into_iter()
-        .map(validate::Kind::letter)
-        .collect();
-    let finished = if rank == 0 {
-        finish(device, &tmp, &dest, root, step, user, kinds)
-    } else {
-        Ok(())
-    };
-    agree(device, step, finished)?;
+    let saved = (|| {
+        agree(device, step, prepared)?;
+        let written = write_rank_files(device, &tmp, model, optim);
+        agree(device, step, written)?;
+        let kinds: String = param_kinds::<B, M>(model)
+            .into_iter()
+            .map(validate::Kind::letter)
+            .collect();
+        let finished = if rank == 0 {
+            finish(device, &tmp, &dest, root, step, user, kinds)
+        } else {
+            Ok(())
+        };
+        agree(device, step, finished)
+    })();
+    if saved.is_err() && rank == 0 {
+        // A save that failed (a full disk, say) gives its space back; the checkpoints before
+        // it are untouched.
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+    saved?;
     save_point(Some(rank), "the save returned");
     Ok(dest)
 }
