@@ -525,22 +525,19 @@ fn supervise(max_restarts: usize, command: &[String]) -> ExitCode {
             eprintln!("error: {why}; no restarts left (--max-restarts {max_restarts})");
             return ExitCode::FAILURE;
         }
-        let (resume, from) = match Checkpoint::newest(&root) {
-            Ok(newest) => (
-                Some(newest.checkpoint.dir().display().to_string()),
-                newest.checkpoint.manifest().step as usize,
-            ),
-            Err(_) => (flag_value(command, "--resume"), first_step),
-        };
+        let start = flag_value(command, "--resume").map(PathBuf::from);
+        let (resume, from) = burn_rtp_examples::restart::resume_point(&root, start, first_step);
         eprintln!(
             "restart {} of {max_restarts}: {why}; resuming from step {from} ({})",
             attempt + 1,
-            resume.as_deref().unwrap_or("the run's start")
+            resume
+                .as_ref()
+                .map_or("the run's start".into(), |p| p.display().to_string())
         );
         args = without_flag(&without_flag(command, "--resume"), "--steps");
         args.extend(["--steps".into(), (end - from).to_string()]);
         if let Some(path) = resume {
-            args.extend(["--resume".into(), path]);
+            args.extend(["--resume".into(), path.display().to_string()]);
         }
     }
     unreachable!("the loop returns on its last attempt")

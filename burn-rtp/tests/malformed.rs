@@ -91,10 +91,17 @@ struct Saved {
 }
 
 fn params(m: &Model) -> Vec<(Vec<usize>, Vec<f32>)> {
+    params_of(m)
+}
+
+/// Each float parameter's shape and values, on any backend.
+fn params_of<B: burn::tensor::backend::Backend, M: Module<B>>(
+    m: &M,
+) -> Vec<(Vec<usize>, Vec<f32>)> {
     use burn::module::{ModuleVisitor, Param};
     struct Collect(Vec<(Vec<usize>, Vec<f32>)>);
-    impl ModuleVisitor<Dist> for Collect {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<Dist, D>>) {
+    impl<B: burn::tensor::backend::Backend> ModuleVisitor<B> for Collect {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
             let data = param.val().into_data();
             self.0.push((
                 data.shape.to_vec(),
@@ -247,7 +254,6 @@ fn open_and_load(
 /// The parameters single-device Burn loads from a consolidated model record, or `None` if it
 /// refuses it (an error or a panic of Burn's decoder).
 fn load_single(record: &[u8]) -> Option<Vec<(Vec<usize>, Vec<f32>)>> {
-    use burn::module::{ModuleVisitor, Param};
     type Single = NdArray;
     let device = Default::default();
     let loaded = std::panic::catch_unwind(|| {
@@ -262,19 +268,7 @@ fn load_single(record: &[u8]) -> Option<Vec<(Vec<usize>, Vec<f32>)>> {
         TinyLm::<Single>::sized(12, 20, 1, &device).load_record(record)
     }))
     .ok()?;
-    struct Collect(Vec<(Vec<usize>, Vec<f32>)>);
-    impl ModuleVisitor<Single> for Collect {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<Single, D>>) {
-            let data = param.val().into_data();
-            self.0.push((
-                data.shape.to_vec(),
-                data.convert::<f32>().to_vec::<f32>().unwrap(),
-            ));
-        }
-    }
-    let mut c = Collect(Vec::new());
-    model.visit(&mut c);
-    Some(c.0)
+    Some(params_of(&model))
 }
 
 /// Every node of a JSON value, as a JSON pointer.

@@ -6,7 +6,25 @@
 //! --max-restarts K -- mpirun ...` runs the job and starts it again from the newest
 //! checkpoint; it tells each attempt its number in [`ATTEMPT`].
 
+use crate::checkpoint::Checkpoint;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// Where a restart resumes: the newest complete checkpoint under `root` and its step, or,
+/// when none is whole yet, `start` (the run's own `--resume`, if any) at `first_step`.
+pub fn resume_point(
+    root: &Path,
+    start: Option<PathBuf>,
+    first_step: usize,
+) -> (Option<PathBuf>, usize) {
+    match Checkpoint::newest(root) {
+        Ok(newest) => (
+            Some(newest.checkpoint.dir().to_path_buf()),
+            newest.checkpoint.manifest().step as usize,
+        ),
+        Err(_) => (start, first_step),
+    }
+}
 
 /// The test hook: a comma-separated list of `STEP@RANK`; entry `i` makes rank `RANK` fail
 /// as it starts step `STEP` (counted from 1) of attempt `i` (the first run is attempt 0).

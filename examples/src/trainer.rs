@@ -700,13 +700,7 @@ pub fn train<I: RotationKernels>(
             .checkpoint_dir
             .as_ref()
             .expect("validated with max_restarts");
-        let (resume, from) = match checkpoint::Checkpoint::newest(root) {
-            Ok(newest) => {
-                let step = newest.checkpoint.manifest().step as usize;
-                (Some(newest.checkpoint.dir().to_path_buf()), step)
-            }
-            Err(_) => (cfg.resume.clone(), first_step),
-        };
+        let (resume, from) = crate::restart::resume_point(root, cfg.resume.clone(), first_step);
         eprintln!(
             "restart {restarts} of {}: {error}; resuming from step {from} ({})",
             cfg.max_restarts,
