@@ -221,6 +221,14 @@ pub enum RtpError {
 /// Result alias for burn-rtp.
 pub type RtpResult<T> = Result<T, RtpError>;
 
+/// The message of a panic whose payload is a string (as `panic!` makes it).
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> Option<String> {
+    payload
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+}
+
 /// Raises an error from inside a backend op, where Burn's signatures allow no `Result`.
 ///
 /// The launcher turns the panic back into an [`RtpError`] for the caller.

@@ -14,10 +14,7 @@ fn panic_reason(rank: usize, payload: Box<dyn std::any::Any + Send>) -> RtpError
     if let Some(err) = payload.downcast_ref::<RtpError>() {
         return err.clone();
     }
-    let reason = payload
-        .downcast_ref::<String>()
-        .cloned()
-        .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+    let reason = crate::error::panic_message(payload.as_ref())
         .unwrap_or_else(|| "panicked with a non-string payload".to_string());
     RtpError::RankFailed { rank, reason }
 }

@@ -1001,15 +1001,11 @@ impl Checkpoint {
             .into_iter()
             .map(validate::Kind::letter)
             .collect();
-        let record = |reason: String| CheckpointError::Record {
-            path: path.clone(),
-            reason,
-        };
-        let dtypes = validate::tensor_dtypes(&model_bytes).map_err(record)?;
-        validate::check_kinds(&dtypes, &kinds).map_err(record)?;
-        let model_record: M::Record = decode::<I, B, _>(device, map, model_bytes, path.clone())?;
+        let model_record: M::Record =
+            decode::<I, B, _>(device, map, model_bytes, path.clone(), Some(&kinds))?;
+        let optim_path = self.dir.join(optim_file(rank));
         let optim_record: O::Record =
-            decode::<I, B, _>(device, map, optim_bytes, self.dir.join(optim_file(rank)))?;
+            decode::<I, B, _>(device, map, optim_bytes, optim_path, None)?;
         // Burn's `load_record` takes a tensor of any shape: a record whose shapes are not the
         // model's is refused here rather than trained on.
         let expected = param_shapes::<B, M>(&model);
@@ -1073,14 +1069,16 @@ fn param_shapes<B: Backend, M: burn::module::Module<B>>(module: &M) -> Vec<Vec<u
     shapes.0
 }
 
-/// Decodes a record of this rank's shards (its tensors become shards again by `map`). A
-/// record that makes Burn's decoder or the shard loading panic (an id that does not parse,
-/// bytes that do not fill a shape) is [`CheckpointError::Record`], not a panic of the rank.
+/// Decodes a record of this rank's shards (its tensors become shards again by `map`), once
+/// its tensors are checked (and, with `kinds`, checked to be of those parameter kinds). A
+/// record that makes Burn's decoder or the shard loading panic anyway is
+/// [`CheckpointError::Record`], not a panic of the rank.
 fn decode<I, B, R>(
     device: &RtpDevice<I>,
     map: &ShardMap,
     bytes: Vec<u8>,
     path: PathBuf,
+    kinds: Option<&str>,
 ) -> Result<R, CheckpointError>
 where
     I: Backend,
@@ -1091,7 +1089,10 @@ where
         path: path.clone(),
         reason,
     };
-    validate::tensor_dtypes(&bytes).map_err(record)?;
+    let dtypes = validate::tensor_dtypes(&bytes).map_err(record)?;
+    if let Some(kinds) = kinds {
+        validate::check_kinds(&dtypes, kinds).map_err(record)?;
+    }
     let loaded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         device.load_shards(map, || Recorder::<B>::load(&Mpk::default(), bytes, device))
     }));
@@ -1101,8 +1102,7 @@ where
             let reason = payload
                 .downcast_ref::<RtpError>()
                 .map(ToString::to_string)
-                .or_else(|| payload.downcast_ref::<String>().cloned())
-                .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+                .or_else(|| crate::error::panic_message(payload.as_ref()))
                 .unwrap_or_else(|| "the decoder panicked".into());
             Err(record(format!("it does not decode: {reason}")))
         }

@@ -285,7 +285,7 @@ impl<I: Backend> RankRecorder<I> {
         let name = Self::file_of(kind, rank);
         let bytes = checkpoint.read(&name)?;
         let map = &checkpoint.manifest().shard_maps[rank];
-        decode::<I, B, R>(&self.device, map, bytes, dir.join(name))
+        decode::<I, B, R>(&self.device, map, bytes, dir.join(name), None)
     }
 }
 
