@@ -5,7 +5,7 @@
 //!
 //! Under MPI (cargo feature `mpi`): `mpirun -np 4 target/release/examples/gpt`
 
-use burn_rtp::{human_bytes, MpiProgress, RotationMode, TransportKind};
+use burn_rtp::{human_bytes, ActivationCheckpointing, MpiProgress, RotationMode, TransportKind};
 use burn_rtp_examples::checkpoint::consolidate_checkpoint;
 use burn_rtp_examples::trainer::StepEvent;
 use burn_rtp_examples::{
@@ -133,6 +133,11 @@ struct TrainArgs {
     /// out-of-place | in-place
     #[arg(long, default_value = "out-of-place")]
     rotation: RotationMode,
+    /// none | balanced: recompute memory-bound activations (normalisation, GELU, softmax,
+    /// reshapes) in the backward pass instead of keeping them, as Burn's
+    /// BalancedCheckpointing does. Same numbers, less activation memory.
+    #[arg(long, default_value = "none")]
+    activation_checkpointing: ActivationCheckpointing,
     /// Inner backend (wgpu and cuda need the cargo features of the same names).
     #[arg(long, value_enum, default_value = "ndarray")]
     backend: BackendName,
@@ -305,8 +310,19 @@ fn print_summary(out: &TrainOutcome) {
     let r = &out.report;
     let single = r.ideal_model_state_bytes_per_rank * r.ranks as u64;
     println!(
-        "\n{} on {} rank(s), {} kernels: {} parameters; validation loss {:.3} -> {:.3} nats/byte; {:.0} tokens/s, median step {:.1} ms",
-        r.strategy, r.ranks, r.kernels, r.params, out.initial_val_loss, r.final_val_loss, r.tokens_per_s, r.step_time_ms_median
+        "\n{} on {} rank(s), {} kernels{}: {} parameters; validation loss {:.3} -> {:.3} nats/byte; {:.0} tokens/s, median step {:.1} ms",
+        r.strategy,
+        r.ranks,
+        r.kernels,
+        match r.activation_checkpointing.as_str() {
+            "" | "none" => String::new(),
+            ac => format!(", {ac} activation checkpointing"),
+        },
+        r.params,
+        out.initial_val_loss,
+        r.final_val_loss,
+        r.tokens_per_s,
+        r.step_time_ms_median
     );
     println!(
         "model state on one device (fp32 params + grads + Adam moments): {}",
@@ -396,8 +412,12 @@ fn plan(budget: &str, batch: usize, max_ranks: usize, model: &ModelArgs) -> Exit
         human_bytes(budget)
     );
     println!(
-        "\n{:>5}  {:<20}  {:>12}  {:>12}  {:>12}  {:>12}  fits",
-        "ranks", "strategy", "model state", "local", "in flight", "total"
+        "\n{:>5}  {:<20}  {:>11}  {:>11}  {:>11}  {:>11}  {:>11}  {:>11}  fits",
+        "", "", "", "local", "local", "", "total", "total"
+    );
+    println!(
+        "{:>5}  {:<20}  {:>11}  {:>11}  {:>11}  {:>11}  {:>11}  {:>11}  (plain / balanced)",
+        "ranks", "strategy", "model state", "plain", "balanced", "in flight", "plain", "balanced"
     );
     let mut worlds: Vec<usize> = [1, 2, 4, 8, 16]
         .into_iter()
@@ -409,24 +429,33 @@ fn plan(budget: &str, batch: usize, max_ranks: usize, model: &ModelArgs) -> Exit
             worlds.sort_unstable();
         }
     }
-    for p in planner.table(&worlds, batch) {
-        let mark = match &recommended {
-            Ok(r) if r == &p => "yes  <- recommended",
-            _ if p.total <= budget => "yes",
-            _ => "no",
-        };
-        println!(
-            "{:>5}  {:<20}  {:>12}  {:>12}  {:>12}  {:>12}  {mark}",
-            p.world,
-            p.label(),
-            human_bytes(p.model_state),
-            human_bytes(p.activations),
-            human_bytes(p.in_flight),
-            human_bytes(p.total),
-        );
+    use burn_rtp::ActivationCheckpointing as Ac;
+    for &world in &worlds {
+        for (strategy, rotation) in burn_rtp::plan::PLANNED {
+            let [plain, balanced] = [Ac::None, Ac::Balanced]
+                .map(|ac| planner.predict_with(ac, strategy, rotation, world, batch));
+            let fits = |p: &burn_rtp::Prediction| match &recommended {
+                Ok(r) if r == p => "yes <- recommended",
+                _ if p.total <= budget => "yes",
+                _ => "no",
+            };
+            println!(
+                "{:>5}  {:<20}  {:>11}  {:>11}  {:>11}  {:>11}  {:>11}  {:>11}  {} / {}",
+                world,
+                plain.label(),
+                human_bytes(plain.model_state),
+                human_bytes(plain.activations),
+                human_bytes(balanced.activations),
+                human_bytes(plain.in_flight),
+                human_bytes(plain.total),
+                human_bytes(balanced.total),
+                fits(&plain),
+                fits(&balanced),
+            );
+        }
     }
     println!(
-        "\n(local: activations, temporaries and gradients before their reduction, from the probe)"
+        "\n(local: activations, temporaries and gradients before their reduction, from the probe;\n balanced: with --activation-checkpointing balanced, which recomputes memory-bound\n activations in the backward pass)"
     );
     match recommended {
         Ok(r) => {
@@ -632,6 +661,7 @@ fn main() -> ExitCode {
         cfg.peer_timeout = Some(std::time::Duration::from_secs_f64(secs));
     }
     cfg.rotation = a.rotation;
+    cfg.activation_checkpointing = a.activation_checkpointing;
     cfg.mpi_progress = a.mpi_progress;
     cfg.one_malloc_arena = !a.mpi_keep_malloc_arenas;
     cfg.steps = a.steps;

@@ -23,6 +23,7 @@ fn step(c: &mut Criterion) {
                     batch,
                     memory_cap: None,
                     shard_threshold: None,
+                    activation_checkpointing: burn_rtp::ActivationCheckpointing::None,
                 };
                 let mut driver = Driver::start(case).expect("the world starts");
                 driver.steps(1).expect("warm-up step");

@@ -95,6 +95,26 @@ pub const IN_PROCESS: &[Figure] = &[
         "share of rotation transfer time hidden behind compute, N=4",
         Bound::Reported,
     ),
+    fig(
+        "activation_checkpoint_peak_ratio_a_n4",
+        "RTP peak with / without balanced activation checkpointing, config A, N=4",
+        Bound::AtMost(0.60),
+    ),
+    fig(
+        "activation_checkpoint_step_ratio_a_n4",
+        "RTP step time with / without balanced activation checkpointing, config A, N=4",
+        Bound::AtMost(1.35),
+    ),
+    fig(
+        "activation_checkpoint_exchange_ratio_a_n4",
+        "RTP exchanges per step with / without balanced activation checkpointing, config A, N=4",
+        Bound::AtMost(1.0),
+    ),
+    fig(
+        "activation_checkpoint_planner_max_rel_error",
+        "memory planner under balanced checkpointing: largest relative error over its grid",
+        Bound::AtMost(0.10),
+    ),
 ];
 
 /// The MPI scaling report's headline figures (`benches/report/mpi/report.json`).
@@ -148,6 +168,11 @@ pub const MPI: &[Figure] = &[
         "planner_max_rel_error_rss",
         "memory planner: largest relative error against the resident set's growth",
         Bound::AtMost(0.20),
+    ),
+    fig(
+        "mpi_activation_checkpoint_rss_ratio_a_n4",
+        "RTP peak RSS per process with / without balanced activation checkpointing, config A, N=4",
+        Bound::AtMost(0.60),
     ),
 ];
 

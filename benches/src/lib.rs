@@ -3,6 +3,7 @@
 #![warn(missing_docs)]
 
 pub mod burn_ddp;
+pub mod checkpointing;
 pub mod figures;
 pub mod mpi_report;
 pub mod peer_mlp;
@@ -11,12 +12,18 @@ pub mod report;
 #[cfg(feature = "wgpu")]
 pub mod wgpu_figures;
 
+use burn::backend::autodiff::checkpoint::strategy::{
+    BalancedCheckpointing, CheckpointStrategy, NoCheckpointing,
+};
 use burn::backend::{Autodiff, NdArray};
 use burn::module::Module;
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::tensor::backend::Backend;
 use burn_rtp::timeline::Interval;
-use burn_rtp::{MemoryStats, RotationKernels, RotationMode, Rtp, RtpError, RtpOptimizer, Strategy};
+use burn_rtp::{
+    ActivationCheckpointing, MemoryStats, RotationKernels, RotationMode, Rtp, RtpError,
+    RtpOptimizer, Strategy,
+};
 use burn_rtp_examples::data::{Corpus, Windows};
 use burn_rtp_examples::{Gpt, GptConfig};
 use std::sync::mpsc::{channel, Receiver, Sender};
@@ -24,8 +31,8 @@ use std::sync::Mutex;
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-/// The training backend over the inner backend `I`.
-type Dist<I> = Autodiff<Rtp<I>>;
+/// The training backend over the inner backend `I`, with checkpointing strategy `C`.
+type Dist<I, C> = Autodiff<Rtp<I>, C>;
 
 /// A strategy with the rotation mode it runs in: what the benchmarks compare (RTP comes in
 /// two rotation modes; the baselines ignore the mode).
@@ -98,6 +105,8 @@ pub struct Case {
     /// Parameters with fewer elements are replicated instead of sharded (`None`: the
     /// trainer's default).
     pub shard_threshold: Option<usize>,
+    /// Whether autodiff recomputes memory-bound activations in the backward pass.
+    pub activation_checkpointing: ActivationCheckpointing,
 }
 
 /// The two benchmark models.
@@ -150,19 +159,19 @@ pub struct Driver {
     params: usize,
 }
 
-fn rank_loop<I: RotationKernels>(
+fn rank_loop<I: RotationKernels, C: CheckpointStrategy>(
     device: burn_rtp::RtpDevice<I>,
     case: &Case,
     corpus: &Corpus,
     commands: Receiver<Cmd>,
     replies: Sender<Reply>,
 ) {
-    Dist::<I>::seed(&device, 7);
+    Dist::<I, C>::seed(&device, 7);
     let world = device.world_size();
     let per = case.batch / world;
     let rank = device.rank();
-    let mut model: Gpt<Dist<I>> = case.model.init::<Dist<I>>(&device);
-    let mut optim = RtpOptimizer::new(AdamConfig::new().init::<Dist<I>, Gpt<Dist<I>>>());
+    let mut model: Gpt<Dist<I, C>> = case.model.init::<Dist<I, C>>(&device);
+    let mut optim = RtpOptimizer::new(AdamConfig::new().init::<Dist<I, C>, Gpt<Dist<I, C>>>());
     let mut step = 0;
     let mut state_with_grads = 0;
     let _ = replies.send(Reply::Ready(model.num_params()));
@@ -178,12 +187,12 @@ fn rank_loop<I: RotationKernels>(
                         rank * per..(rank + 1) * per,
                         case.model.seq,
                     )
-                    .tensors::<Dist<I>>(&device);
+                    .tensors::<Dist<I, C>>(&device);
                     let loss = model.loss(x, y);
                     let mut grads = GradientsParams::from_grads(loss.backward(), &model);
                     // Synchronised here (the optimizer's own call is then a no-op) to read
                     // the model state with every gradient on its shard.
-                    burn_rtp::sync_gradients::<Gpt<Dist<I>>, Dist<I>, I>(&model, &mut grads);
+                    burn_rtp::sync_gradients::<Gpt<Dist<I, C>>, Dist<I, C>, I>(&model, &mut grads);
                     state_with_grads = device.memory_live().sharded;
                     model = optim.step(1e-3, model, grads);
                     step += 1;
@@ -247,7 +256,14 @@ impl Driver {
                     .take()
                     .expect("one receiver per rank");
                 let tx = reply_tx.lock().unwrap().clone();
-                rank_loop::<I>(device, &case, &corpus, rx, tx);
+                match case.activation_checkpointing {
+                    ActivationCheckpointing::None => {
+                        rank_loop::<I, NoCheckpointing>(device, &case, &corpus, rx, tx)
+                    }
+                    ActivationCheckpointing::Balanced => {
+                        rank_loop::<I, BalancedCheckpointing>(device, &case, &corpus, rx, tx)
+                    }
+                }
             })
             .map(|_| ())
         });

@@ -6,12 +6,15 @@
 //! (`prlimit --as`).
 
 use crate::{median, Variant};
+use burn::backend::autodiff::checkpoint::strategy::{
+    BalancedCheckpointing, CheckpointStrategy, NoCheckpointing,
+};
 use burn::backend::{Autodiff, NdArray};
 use burn::module::Module;
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::tensor::backend::Backend;
 use burn_rtp::timeline::IntervalKind;
-use burn_rtp::{human_bytes, MpiProgress, Rtp, RtpOptimizer};
+use burn_rtp::{human_bytes, ActivationCheckpointing, MpiProgress, Rtp, RtpOptimizer};
 use burn_rtp_examples::data::{Corpus, Windows};
 use burn_rtp_examples::{Gpt, GptConfig};
 use serde::{Deserialize, Serialize};
@@ -20,7 +23,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
-type B = Autodiff<Rtp<NdArray>>;
+/// A worker's training backend, with autodiff's checkpointing strategy `C`.
+type B<C> = Autodiff<Rtp<NdArray>, C>;
 
 /// One job: what a worker process trains and measures.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -44,6 +48,9 @@ pub struct Job {
     /// anywhere.
     #[serde(default)]
     pub timeline: Option<PathBuf>,
+    /// Whether autodiff recomputes memory-bound activations in the backward pass.
+    #[serde(default)]
+    pub activation_checkpointing: ActivationCheckpointing,
 }
 
 /// The file rank `rank` of a job writes its timeline to, for the job's `timeline` stem: a
@@ -100,74 +107,82 @@ pub fn worker(job: &Job) -> Result<(), String> {
         .config(launched.size)
         .with_mpi_progress(job.mpi_progress);
     let corpus = Corpus::load(None, job.model.seq).map_err(|e| e.to_string())?;
-    let results = burn_rtp::launch::<NdArray, _, _>(config, |device| {
-        B::seed(&device, 7);
-        let (rank, per) = (device.rank(), job.batch_per_rank);
-        let baseline = burn_rtp::peak_rss_bytes().unwrap_or(0);
-        let mut model: Gpt<B> = job.model.init::<B>(&device);
-        let mut optim = RtpOptimizer::new(AdamConfig::new().init::<B, Gpt<B>>());
-        let mut step_s = Vec::new();
-        for step in 0..job.warmup + job.steps {
-            if step == job.warmup {
-                device.record_timeline(true);
+    let results =
+        burn_rtp::launch::<NdArray, _, _>(config, |device| match job.activation_checkpointing {
+            ActivationCheckpointing::None => rank_job::<NoCheckpointing>(job, &corpus, device),
+            ActivationCheckpointing::Balanced => {
+                rank_job::<BalancedCheckpointing>(job, &corpus, device)
             }
-            device.barrier();
-            let t0 = Instant::now();
-            let (x, y) = Windows::train(
-                &corpus,
-                7,
-                step,
-                rank * per..(rank + 1) * per,
-                job.model.seq,
-            )
-            .tensors::<B>(&device);
-            let loss = model.loss(x, y);
-            let grads = GradientsParams::from_grads(loss.backward(), &model);
-            model = optim.step(1e-3, model, grads);
-            // Steps end together: the slowest rank sets the step time.
-            device.barrier();
-            if step >= job.warmup {
-                step_s.push(t0.elapsed().as_secs_f64());
-            }
-        }
-        let timeline = device.take_timeline();
-        device.record_timeline(false);
-        if let Some(stem) = &job.timeline {
-            let path = timeline_file(stem, rank);
-            let text = serde_json::to_string(&timeline).expect("intervals serialise");
-            if let Err(e) = std::fs::write(&path, text) {
-                panic!(
-                    "rank {rank}: cannot write its timeline {}: {e}",
-                    path.display()
-                );
-            }
-        }
-        let own = RankFigures {
-            ledger: device.memory_peak().total,
-            rss: burn_rtp::peak_rss_bytes().unwrap_or(0),
-            baseline,
-            overlap: burn_rtp::timeline::hidden_transfer_fraction(&timeline),
-            in_waits: burn_rtp::timeline::transfer_share_during(&timeline, IntervalKind::Wait),
-            progress: device.progress_policy().unwrap_or_default(),
-        };
-        let all = device.all_gather_json(&own);
-        (rank == 0).then(|| JobResult {
-            params: model.num_params(),
-            step_s,
-            ledger_peak_bytes: all.iter().map(|f| f.ledger).collect(),
-            peak_rss_bytes: all.iter().map(|f| f.rss).collect(),
-            baseline_rss_bytes: all.iter().map(|f| f.baseline).collect(),
-            overlap: all.iter().map(|f| f.overlap).collect(),
-            wire_in_waits: all.iter().map(|f| f.in_waits).collect(),
-            progress: all.into_iter().map(|f| f.progress).collect(),
         })
-    })
-    .map_err(|e| e.to_string())?;
+        .map_err(|e| e.to_string())?;
     if let Some(result) = results.into_iter().flatten().next() {
         std::fs::write(&job.out, serde_json::to_vec(&result).expect("serialisable"))
             .map_err(|e| format!("cannot write {}: {e}", job.out.display()))?;
     }
     Ok(())
+}
+
+/// One rank's part of `job` on `Autodiff<Rtp<NdArray>, C>`: rank 0 returns what every rank
+/// measured.
+fn rank_job<C: CheckpointStrategy>(
+    job: &Job,
+    corpus: &Corpus,
+    device: burn_rtp::RtpDevice<NdArray>,
+) -> Option<JobResult> {
+    B::<C>::seed(&device, 7);
+    let (rank, per) = (device.rank(), job.batch_per_rank);
+    let baseline = burn_rtp::peak_rss_bytes().unwrap_or(0);
+    let mut model: Gpt<B<C>> = job.model.init::<B<C>>(&device);
+    let mut optim = RtpOptimizer::new(AdamConfig::new().init::<B<C>, Gpt<B<C>>>());
+    let mut step_s = Vec::new();
+    for step in 0..job.warmup + job.steps {
+        if step == job.warmup {
+            device.record_timeline(true);
+        }
+        device.barrier();
+        let t0 = Instant::now();
+        let (x, y) = Windows::train(corpus, 7, step, rank * per..(rank + 1) * per, job.model.seq)
+            .tensors::<B<C>>(&device);
+        let loss = model.loss(x, y);
+        let grads = GradientsParams::from_grads(loss.backward(), &model);
+        model = optim.step(1e-3, model, grads);
+        // Steps end together: the slowest rank sets the step time.
+        device.barrier();
+        if step >= job.warmup {
+            step_s.push(t0.elapsed().as_secs_f64());
+        }
+    }
+    let timeline = device.take_timeline();
+    device.record_timeline(false);
+    if let Some(stem) = &job.timeline {
+        let path = timeline_file(stem, rank);
+        let text = serde_json::to_string(&timeline).expect("intervals serialise");
+        if let Err(e) = std::fs::write(&path, text) {
+            panic!(
+                "rank {rank}: cannot write its timeline {}: {e}",
+                path.display()
+            );
+        }
+    }
+    let own = RankFigures {
+        ledger: device.memory_peak().total,
+        rss: burn_rtp::peak_rss_bytes().unwrap_or(0),
+        baseline,
+        overlap: burn_rtp::timeline::hidden_transfer_fraction(&timeline),
+        in_waits: burn_rtp::timeline::transfer_share_during(&timeline, IntervalKind::Wait),
+        progress: device.progress_policy().unwrap_or_default(),
+    };
+    let all = device.all_gather_json(&own);
+    (rank == 0).then(|| JobResult {
+        params: model.num_params(),
+        step_s,
+        ledger_peak_bytes: all.iter().map(|f| f.ledger).collect(),
+        peak_rss_bytes: all.iter().map(|f| f.rss).collect(),
+        baseline_rss_bytes: all.iter().map(|f| f.baseline).collect(),
+        overlap: all.iter().map(|f| f.overlap).collect(),
+        wire_in_waits: all.iter().map(|f| f.in_waits).collect(),
+        progress: all.into_iter().map(|f| f.progress).collect(),
+    })
 }
 
 /// One benchmark configuration of the table.
@@ -399,6 +414,7 @@ pub fn run(
                                 variant.name()
                             ))
                         }),
+                        activation_checkpointing: ActivationCheckpointing::None,
                     };
                     if let Some(stem) = &job.timeline {
                         // A file left by an earlier run must not pass for this job's.
@@ -479,6 +495,7 @@ pub fn run(
                 out: scratch.join(format!("capacity-{}.json", variant.name())),
                 mpi_progress: cfg.mpi_progress,
                 timeline: None,
+                activation_checkpointing: ActivationCheckpointing::None,
             };
             let r = run_job(exe, capacity_n, &job, Some(cfg.capacity_limit_bytes), &[])?;
             log(&format!(
@@ -525,6 +542,11 @@ pub fn run(
         json!(capacity[1].2 as f64 / capacity[0].2 as f64),
     );
 
+    let activations = activation_cells(cfg, exe, log)?;
+    for (key, value) in activations.figures().as_object().expect("an object") {
+        headline.insert(key.clone(), value.clone());
+    }
+
     let planner_rows = planner_rows(&cfg.planner_grid, cfg.mpi_progress, exe, &scratch, log)?;
     let worst_rss = planner_rows
         .iter()
@@ -561,6 +583,7 @@ pub fn run(
         .map(|(v, m, p)| json!({"strategy": v.name(), "ranks": capacity_n, "d_model": m.d_model, "layers": m.layers, "params": p}))
         .collect::<Vec<_>>());
     report["capacity_limit_bytes_per_process"] = json!(cfg.capacity_limit_bytes);
+    report["activation_checkpointing"] = activations.cells();
     let most = cfg.ranks.iter().copied().max().unwrap_or(0);
     let cores = std::thread::available_parallelism().map_or(0, |p| p.get());
     // Each rank runs a compute thread and a communication thread.
@@ -578,9 +601,147 @@ pub fn run(
         cfg.out.join("report.json"),
         serde_json::to_string_pretty(&report)?,
     )?;
-    std::fs::write(cfg.out.join("report.md"), markdown(cfg, &report, &cells))?;
+    std::fs::write(
+        cfg.out.join("report.md"),
+        markdown(cfg, &report, &cells) + &activations.markdown(cfg),
+    )?;
     plots(cfg, &cells, &capacity)?;
     Ok(report)
+}
+
+/// The activation section's heading in `report.md`.
+pub const ACTIVATION_HEADING: &str = "## Activations: balanced activation checkpointing";
+
+/// RTP on config A at N = 4 with and without balanced activation checkpointing: each
+/// setting's jobs, the settings alternating.
+pub struct Activations {
+    /// The configuration measured.
+    config: Config,
+    ranks: usize,
+    /// Per setting (`none`, `balanced`): step (ms), peak RSS and ledger peak (bytes) per job.
+    cells: Vec<(ActivationCheckpointing, Cell)>,
+}
+
+/// Runs the activation section's jobs: config A's RTP (out-of-place) at N = 4, once per
+/// repeat under each setting, alternating which goes first.
+pub fn activation_cells(
+    cfg: &MpiReportConfig,
+    exe: &Path,
+    log: &dyn Fn(&str),
+) -> Result<Activations, Box<dyn std::error::Error>> {
+    let scratch = cfg.out.join("jobs");
+    std::fs::create_dir_all(&scratch)?;
+    let config = cfg
+        .configs
+        .iter()
+        .find(|c| c.name == "a")
+        .ok_or("the MPI report has no config A")?
+        .clone();
+    let ranks = 4;
+    let settings = [
+        ActivationCheckpointing::None,
+        ActivationCheckpointing::Balanced,
+    ];
+    let mut cells: Vec<(ActivationCheckpointing, Cell)> =
+        settings.iter().map(|&ac| (ac, Cell::default())).collect();
+    for repeat in 0..cfg.repeats {
+        for k in 0..settings.len() {
+            let i = if repeat % 2 == 0 {
+                k
+            } else {
+                settings.len() - 1 - k
+            };
+            let ac = settings[i];
+            let job = Job {
+                variant: Variant::RTP_OUT_OF_PLACE,
+                model: config.model.clone(),
+                batch_per_rank: config.batch_per_rank,
+                warmup: cfg.warmup,
+                steps: cfg.steps,
+                out: scratch.join(format!("activations-{ac}.json")),
+                mpi_progress: cfg.mpi_progress,
+                timeline: None,
+                activation_checkpointing: ac,
+            };
+            let r = run_job(exe, ranks, &job, None, &[])?.expect("failures are errors here");
+            let step = median(&r.step_s) * 1e3;
+            let rss = r.peak_rss_bytes.iter().copied().max().unwrap_or(0);
+            let ledger = r.ledger_peak_bytes.iter().copied().max().unwrap_or(0);
+            log(&format!(
+                "activations: config A N={ranks} rtp-oop {ac:<8} step {step:>8.1} ms, peak RSS {} (ledger {})",
+                human_bytes(rss),
+                human_bytes(ledger)
+            ));
+            let cell = &mut cells[i].1;
+            cell.step_ms.push(step);
+            cell.rss.push(rss as f64);
+            cell.ledger.push(ledger as f64);
+            cell.params = r.params;
+        }
+    }
+    Ok(Activations {
+        config,
+        ranks,
+        cells,
+    })
+}
+
+impl Activations {
+    fn median_of(&self, ac: ActivationCheckpointing, pick: fn(&Cell) -> &Vec<f64>) -> f64 {
+        self.cells
+            .iter()
+            .find(|(a, _)| *a == ac)
+            .map_or(f64::NAN, |(_, c)| median(pick(c)))
+    }
+
+    fn ratio(&self, pick: fn(&Cell) -> &Vec<f64>) -> f64 {
+        self.median_of(ActivationCheckpointing::Balanced, pick)
+            / self.median_of(ActivationCheckpointing::None, pick)
+    }
+
+    /// The section's headline figures (checkpointed ÷ not, medians over jobs).
+    pub fn figures(&self) -> Value {
+        json!({
+            "mpi_activation_checkpoint_rss_ratio_a_n4": self.ratio(|c| &c.rss),
+            "mpi_activation_checkpoint_ledger_ratio_a_n4": self.ratio(|c| &c.ledger),
+            "mpi_activation_checkpoint_step_ratio_a_n4": self.ratio(|c| &c.step_ms),
+        })
+    }
+
+    /// Each setting's jobs, summarised, for `report.json`.
+    pub fn cells(&self) -> Value {
+        json!(self
+            .cells
+            .iter()
+            .map(|(ac, c)| json!({
+                "config": self.config.name, "ranks": self.ranks, "strategy": "rtp-oop",
+                "activation_checkpointing": ac.to_string(), "params": c.params,
+                "step_ms": summary(&c.step_ms),
+                "peak_rss_bytes": summary(&c.rss),
+                "ledger_peak_bytes": summary(&c.ledger),
+            }))
+            .collect::<Vec<_>>())
+    }
+
+    /// The section of `report.md`.
+    pub fn markdown(&self, cfg: &MpiReportConfig) -> String {
+        let m = &self.config.model;
+        let mut md = format!(
+            "\n{ACTIVATION_HEADING}\n\nRTP (out-of-place), d_model {}, {} layer(s), context {}, {} sequence(s) per rank, at N = {}: {} job(s) of `mpirun -np {}` per setting, the settings alternating; a job times {} step(s) after {} warm-up step(s). `balanced` trains on `Autodiff<Rtp<NdArray>, BalancedCheckpointing>`, which recomputes memory-bound ops in the backward pass. Peak RSS is each process's VmHWM (the largest of the job's processes), which also holds the program, Open MPI and the allocator's free lists: memory that checkpointing does not touch.\n\n| checkpointing | step (ms) median [min–max] | peak RSS / process | ledger peak |\n|---|---|---|---|\n",
+            m.d_model, m.layers, m.seq, self.config.batch_per_rank, self.ranks, cfg.repeats, self.ranks, cfg.steps, cfg.warmup
+        );
+        for (ac, c) in &self.cells {
+            let min = c.step_ms.iter().copied().fold(f64::INFINITY, f64::min);
+            let max = c.step_ms.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            md += &format!(
+                "| {ac} | {:.1} [{min:.1}–{max:.1}] | {} | {} |\n",
+                median(&c.step_ms),
+                human_bytes(median(&c.rss) as u64),
+                human_bytes(median(&c.ledger) as u64)
+            );
+        }
+        md
+    }
 }
 
 /// glibc's mmap threshold fixed at 128 KiB, its starting value. Fixed, every block of that size
@@ -618,6 +779,7 @@ pub fn planner_rows(
                 out: scratch.join(format!("planner-{}.json", variant.name())),
                 mpi_progress,
                 timeline: None,
+                activation_checkpointing: ActivationCheckpointing::None,
             };
             // The same job under glibc's default allocator and with its mmap threshold fixed.
             let growth = |env: &[(&str, &str)]| -> Result<(u64, u64), String> {

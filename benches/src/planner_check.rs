@@ -2,7 +2,7 @@
 //! planner's prediction (probed at N = 1 only) beside the ledger's peak of the same run.
 
 use crate::{Case, Driver, Variant};
-use burn_rtp::{human_bytes, PlanConfig};
+use burn_rtp::{human_bytes, ActivationCheckpointing, PlanConfig};
 use burn_rtp_examples::GptConfig;
 use serde::Serialize;
 use std::path::Path;
@@ -84,11 +84,15 @@ pub struct PlanRow {
     pub measured_total: u64,
     /// `(predicted - measured) / measured`.
     pub rel_error: f64,
+    /// `none` or `balanced`: whether the run (and its prediction) recomputed activations.
+    pub activation_checkpointing: String,
 }
 
-/// Predicts and measures every planned strategy at every grid point.
+/// Predicts and measures every planned strategy at every grid point, with activation
+/// checkpointing as `checkpointing` says.
 pub fn run(
     grid: &[PlanPoint],
+    checkpointing: ActivationCheckpointing,
     log: &dyn Fn(&str),
 ) -> Result<Vec<PlanRow>, Box<dyn std::error::Error>> {
     let mut rows = Vec::new();
@@ -99,7 +103,7 @@ pub fn run(
             burn_rtp_examples::plan::probe_gpt::<burn::backend::NdArray>(&p.model, config)?;
         for (strategy, rotation) in burn_rtp::plan::PLANNED {
             let v = Variant::of(strategy, rotation);
-            let predicted = planner.predict(strategy, rotation, p.ranks, b);
+            let predicted = planner.predict_with(checkpointing, strategy, rotation, p.ranks, b);
             let mut d = Driver::start(Case {
                 variant: v,
                 ranks: p.ranks,
@@ -107,6 +111,7 @@ pub fn run(
                 batch: b * p.ranks,
                 memory_cap: None,
                 shard_threshold: None,
+                activation_checkpointing: checkpointing,
             })?;
             // Two steps, as the probe ran: the peak counts from the model's construction.
             d.steps(2)?;
@@ -115,7 +120,7 @@ pub fn run(
             let rel_error =
                 (predicted.total as f64 - measured.total as f64) / measured.total.max(1) as f64;
             log(&format!(
-                "planner: d_model {} x {} layers, context {}, N = {}, {}: predicted {}, ledger {} ({:+.1}%)",
+                "planner: d_model {} x {} layers, context {}, N = {}, {} ({checkpointing} checkpointing): predicted {}, ledger {} ({:+.1}%)",
                 p.model.d_model,
                 p.model.layers,
                 p.model.seq,
@@ -136,6 +141,7 @@ pub fn run(
                 predicted_total: predicted.total,
                 measured_total: measured.total,
                 rel_error,
+                activation_checkpointing: checkpointing.to_string(),
             });
         }
     }

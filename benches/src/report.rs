@@ -2,7 +2,7 @@
 //! under a memory cap, and transfer/compute overlap, measured side by side in one run.
 
 use crate::{median, Case, Driver, Variant};
-use burn_rtp::{human_bytes, MemoryStats, RtpError};
+use burn_rtp::{human_bytes, ActivationCheckpointing, MemoryStats, RtpError};
 use burn_rtp_examples::GptConfig;
 use serde::Serialize;
 use serde_json::{json, Value};
@@ -34,6 +34,8 @@ pub struct ReportConfig {
     pub thresholds: Vec<usize>,
     /// Where the memory planner's predictions are checked against the ledger.
     pub planner_grid: Vec<crate::planner_check::PlanPoint>,
+    /// The activation section: RTP with and without activation checkpointing.
+    pub activations: crate::checkpointing::Settings,
 }
 
 /// A model whose RTP, FSDP and DDP step times (and exchanges per step) are compared.
@@ -89,6 +91,7 @@ impl ReportConfig {
             ],
             thresholds: vec![0, 4096, 16384, 65536, 262144],
             planner_grid: crate::planner_check::full_grid(),
+            activations: crate::checkpointing::Settings::full(),
         }
     }
 
@@ -119,6 +122,7 @@ impl ReportConfig {
             ],
             thresholds: vec![0, 1024],
             planner_grid: crate::planner_check::tiny_grid(),
+            activations: crate::checkpointing::Settings::tiny(),
         }
     }
 }
@@ -211,7 +215,7 @@ struct CapacityRow {
     params: usize,
 }
 
-fn worst(peaks: &[MemoryStats]) -> MemoryStats {
+pub(crate) fn worst(peaks: &[MemoryStats]) -> MemoryStats {
     peaks
         .iter()
         .fold(MemoryStats::default(), |a, p| MemoryStats {
@@ -237,6 +241,7 @@ fn fits(
         batch,
         memory_cap: Some(cap),
         shard_threshold: None,
+        activation_checkpointing: burn_rtp::ActivationCheckpointing::None,
     };
     let mut driver = match Driver::start(case) {
         Ok(d) => d,
@@ -291,6 +296,7 @@ fn compare(cfg: &ReportConfig, log: &dyn Fn(&str)) -> Result<Vec<ComparisonRow>,
                     batch: (c.batch)(ranks),
                     memory_cap: None,
                     shard_threshold: None,
+                    activation_checkpointing: burn_rtp::ActivationCheckpointing::None,
                 })?;
                 let exchanges = d.exchanges_per_step(1)?;
                 drivers.push((v, d, exchanges));
@@ -342,6 +348,7 @@ fn threshold_sweep(cfg: &ReportConfig, log: &dyn Fn(&str)) -> Result<Vec<Thresho
             batch: (c.batch)(ranks),
             memory_cap: None,
             shard_threshold: threshold,
+            activation_checkpointing: burn_rtp::ActivationCheckpointing::None,
         };
         let mut drivers = vec![(0, Driver::start(case(Variant::DDP, None))?)];
         for &t in &cfg.thresholds {
@@ -417,6 +424,7 @@ pub fn run(cfg: &ReportConfig, log: &dyn Fn(&str)) -> Result<Value, Box<dyn std:
                 batch: cfg.batch,
                 memory_cap: None,
                 shard_threshold: None,
+                activation_checkpointing: burn_rtp::ActivationCheckpointing::None,
             })?;
             d.steps(1)?;
             d.reset_peaks()?;
@@ -472,8 +480,11 @@ pub fn run(cfg: &ReportConfig, log: &dyn Fn(&str)) -> Result<Value, Box<dyn std:
     let comparisons = compare(cfg, log)?;
     let thresholds = threshold_sweep(cfg, log)?;
     log("memory planner: predictions against the ledger");
-    let planner_rows = crate::planner_check::run(&cfg.planner_grid, log)?;
+    let planner_rows =
+        crate::planner_check::run(&cfg.planner_grid, ActivationCheckpointing::None, log)?;
     crate::planner_check::plot(&cfg.out.join("planner.svg"), &planner_rows)?;
+    log("activations: RTP with and without balanced activation checkpointing");
+    let activations = crate::checkpointing::run(&cfg.activations, log)?;
     log("exchanges of one Linear backward at N=4");
     let syncs_linear_n4 = syncs_per_linear_backward(4)?;
     log("capacity search under the memory cap");
@@ -530,6 +541,9 @@ pub fn run(cfg: &ReportConfig, log: &dyn Fn(&str)) -> Result<Value, Box<dyn std:
         "planner_max_rel_error_ledger": crate::planner_check::max_rel_error(&planner_rows),
     });
     let mut headline = headline;
+    for (key, value) in activations.figures().as_object().expect("an object") {
+        headline[key] = value.clone();
+    }
     for c in &comparisons {
         if c.strategy == "rtp-oop" {
             headline[format!("rtp_over_ddp_step_time_{}_n{}", c.model, c.ranks)] =
@@ -565,6 +579,10 @@ pub fn run(cfg: &ReportConfig, log: &dyn Fn(&str)) -> Result<Value, Box<dyn std:
         serde_json::to_value(&thresholds)?,
     );
     obj.insert("planner".into(), serde_json::to_value(&planner_rows)?);
+    obj.insert(
+        "activation_checkpointing".into(),
+        serde_json::to_value(&activations)?,
+    );
     std::fs::write(
         cfg.out.join("report.json"),
         serde_json::to_string_pretty(&report)?,
@@ -582,7 +600,8 @@ pub fn run(cfg: &ReportConfig, log: &dyn Fn(&str)) -> Result<Value, Box<dyn std:
                 comparisons: &comparisons,
                 thresholds: &thresholds,
             },
-        ) + &crate::planner_check::markdown(&planner_rows),
+        ) + &crate::planner_check::markdown(&planner_rows)
+            + &activations.markdown(&cfg.activations),
     )?;
     plots::memory(&cfg.out.join("memory.svg"), &memory, &cfg.ranks)?;
     plots::efficiency(&cfg.out.join("efficiency.svg"), &cfg.ranks, &efficiency)?;
@@ -926,6 +945,33 @@ pub fn add_section(
     let json_path = out.join("report.json");
     let text = std::fs::read_to_string(&json_path)?;
     std::fs::write(&json_path, with_last_key(&text, key, value)?)?;
+    Ok(())
+}
+
+/// Puts `figures` (an object of headline keys) into the report in `out` as top-level keys
+/// of `report.json`, and renders its figures table in `report.md` again from `table`, in
+/// place: for a section measured on its own after the report's run.
+pub fn add_figures(
+    out: &Path,
+    figures: &Value,
+    table: &[crate::figures::Figure],
+) -> Result<(), Box<dyn std::error::Error>> {
+    let json_path = out.join("report.json");
+    let mut text = std::fs::read_to_string(&json_path)?;
+    for (key, value) in figures.as_object().ok_or("figures are an object")? {
+        text = with_last_key(&text, key, value)?;
+    }
+    std::fs::write(&json_path, &text)?;
+    let report: Value = serde_json::from_str(&text)?;
+    let md_path = out.join("report.md");
+    let md = std::fs::read_to_string(&md_path)?;
+    let start = md
+        .find("| figure | key |")
+        .ok_or("report.md has no figures table")?;
+    let end = md[start..].find("\n\n").map_or(md.len(), |i| start + i + 1);
+    let mut new = md.clone();
+    new.replace_range(start..end, &crate::figures::targets_table(table, &report));
+    std::fs::write(&md_path, new)?;
     Ok(())
 }
 

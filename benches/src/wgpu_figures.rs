@@ -31,6 +31,7 @@ pub fn measure(
         batch: 16,
         memory_cap: None,
         shard_threshold: None,
+        activation_checkpointing: burn_rtp::ActivationCheckpointing::None,
     };
     log("wgpu: starting DDP and RTP worlds (config A, N = 2)");
     let mut ddp = Driver::start_on::<Wgpu>(case(Variant::DDP))?;

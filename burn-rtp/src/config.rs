@@ -57,6 +57,29 @@ named!(RotationMode, "rotation mode", {
     InPlace => "in-place" | "inplace",
 });
 
+/// Whether autodiff recomputes activations in the backward pass instead of keeping them:
+/// the checkpointing strategy of `Autodiff<Rtp<B>, C>`, named for settings, plans and
+/// reports (the type parameter is what applies it).
+///
+/// Burn's balanced strategy recomputes memory-bound ops (normalisation, activations,
+/// reshapes, softmax) and keeps the outputs of compute-bound ones (matmuls, Linears), so a
+/// rotated Linear never runs its forward twice. Its numbers are the same to the bit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ActivationCheckpointing {
+    /// `Autodiff<_, NoCheckpointing>` (Burn's default): every activation the backward pass
+    /// reads is kept.
+    #[default]
+    None,
+    /// `Autodiff<_, BalancedCheckpointing>`: memory-bound ops are recomputed.
+    Balanced,
+}
+
+named!(ActivationCheckpointing, "activation checkpointing", {
+    None => "none",
+    Balanced => "balanced",
+});
+
 /// How the MPI transport's communication thread waits while bytes are in flight.
 ///
 /// Over a transport that moves a large message only while both processes call MPI (Open MPI's

@@ -110,8 +110,8 @@ pub use backend::rtp::Rtp;
 pub use backend::tensor::RtpTensor;
 pub use burn_rtp_kernels::{set_fused_kernels, KernelPath, RotationKernels};
 pub use config::{
-    check_rank, Chaos, Delivery, MpiProgress, RotationMode, RtpConfig, Strategy, TransportKind,
-    DEFAULT_SHARD_THRESHOLD,
+    check_rank, ActivationCheckpointing, Chaos, Delivery, MpiProgress, RotationMode, RtpConfig,
+    Strategy, TransportKind, DEFAULT_SHARD_THRESHOLD,
 };
 pub use error::{RtpError, RtpResult};
 pub use runtime::launch::{launch, try_launch, try_launch_on};

@@ -31,9 +31,9 @@ const LAYERS: &[&[&str]] = &[
     &["comm::p2p"],
     &["comm::rotation"],
     &["comm::collectives"],
-    // backend/: the Linear pairing records, the rank's op-level state around its `Comm`, the
-    // tensor primitive, the device, the backend type, and its ops.
-    &["backend::pairing"],
+    // backend/: the Linear pairing records and the kept gathers, the rank's op-level state
+    // around its `Comm`, the tensor primitive, the device, the backend type, and its ops.
+    &["backend::pairing", "backend::gathers"],
     &["backend::rank"],
     &["backend::tensor"],
     &["backend::device"],

@@ -62,10 +62,13 @@ pub struct Report {
     pub ideal_model_state_bytes_per_rank: u64,
     /// `fused` (the `#[cube]` rotation kernels ran) or `generic` (compositions of Burn ops).
     pub kernels: String,
+    /// `none` or `balanced`: whether the backward pass recomputed memory-bound activations.
+    #[serde(default)]
+    pub activation_checkpointing: String,
 }
 
 /// The keys a report must have; tests and tools check against this list.
-pub const REPORT_KEYS: [&str; 15] = [
+pub const REPORT_KEYS: [&str; 16] = [
     "strategy",
     "ranks",
     "steps",
@@ -81,4 +84,5 @@ pub const REPORT_KEYS: [&str; 15] = [
     "mpi_progress_per_rank",
     "ideal_model_state_bytes_per_rank",
     "kernels",
+    "activation_checkpointing",
 ];

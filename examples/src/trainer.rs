@@ -5,15 +5,18 @@ use crate::data::{Corpus, DataError, Windows};
 use crate::model::{Gpt, GptConfig};
 use crate::report::{PeakBytes, Report};
 use crate::schedule::{LrSchedule, Schedule};
+use burn::backend::autodiff::checkpoint::strategy::{
+    BalancedCheckpointing, CheckpointStrategy, NoCheckpointing,
+};
 use burn::module::{AutodiffModule, Module};
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::tensor::activation::softmax;
 use burn::tensor::backend::Backend;
 use burn::tensor::{ElementConversion, Int, Tensor, TensorData};
+use burn_rtp::{ActivationCheckpointing, MpiProgress, RotationKernels};
 use burn_rtp::{
     MemoryStats, RotationMode, Rtp, RtpConfig, RtpDevice, RtpOptimizer, Strategy, TransportKind,
 };
-use burn_rtp::{MpiProgress, RotationKernels};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -86,6 +89,10 @@ pub struct TrainConfig {
     /// Parameters below this many elements are replicated, not sharded (`None`: the
     /// library's default, [`burn_rtp::DEFAULT_SHARD_THRESHOLD`]).
     pub shard_threshold: Option<usize>,
+    /// Recompute memory-bound activations in the backward pass
+    /// (`Autodiff<Rtp<I>, BalancedCheckpointing>`) instead of keeping them. The numbers are
+    /// the same, so a run may resume under either setting.
+    pub activation_checkpointing: ActivationCheckpointing,
 }
 
 impl TrainConfig {
@@ -120,6 +127,7 @@ impl TrainConfig {
             mpi_progress: MpiProgress::Auto,
             one_malloc_arena: true,
             shard_threshold: None,
+            activation_checkpointing: ActivationCheckpointing::None,
         }
     }
 
@@ -137,6 +145,12 @@ impl TrainConfig {
             ("corpus", format!("{:?}", self.data)),
             ("resumed checkpoint", format!("{:?}", self.resume)),
             ("initial weights", format!("{:?}", self.init)),
+            // Not a number changes with it, but the Linears' backward passes do: a rank
+            // recomputing an input exchanges with its peers in a different order.
+            (
+                "activation checkpointing",
+                self.activation_checkpointing.to_string(),
+            ),
         ]
     }
 
@@ -289,7 +303,8 @@ pub struct TrainOutcome {
     pub restarts: usize,
 }
 
-type Ad<I> = burn::backend::Autodiff<Rtp<I>>;
+/// The training backend: RTP over `I` under autodiff with checkpointing strategy `C`.
+type Ad<I, C> = burn::backend::Autodiff<Rtp<I>, C>;
 
 struct RankResult {
     rank: usize,
@@ -387,11 +402,12 @@ fn median(values: &[f64]) -> f64 {
 }
 
 /// The optimizer every rank runs: Burn's Adam behind [`RtpOptimizer`].
-type Optim<I> =
-    RtpOptimizer<burn::optim::adaptor::OptimizerAdaptor<burn::optim::Adam, Gpt<Ad<I>>, Ad<I>>>;
+type Optim<I, C> = RtpOptimizer<
+    burn::optim::adaptor::OptimizerAdaptor<burn::optim::Adam, Gpt<Ad<I, C>>, Ad<I, C>>,
+>;
 
 /// What a rank trains from: the model, its optimizer and the learning-rate schedule.
-type Start<I> = (Gpt<Ad<I>>, Optim<I>, Schedule);
+type Start<I, C> = (Gpt<Ad<I, C>>, Optim<I, C>, Schedule);
 
 /// What every rank of one run shares: the settings, the data and where training starts.
 struct RankJob<'a> {
@@ -421,7 +437,10 @@ struct RankLog {
 
 impl RankJob<'_> {
     /// One rank's whole run: set up, train step by step, then evaluate, save and report.
-    fn run<I: RotationKernels>(&self, device: RtpDevice<I>) -> Result<RankResult, TrainError> {
+    fn run<I: RotationKernels, C: CheckpointStrategy>(
+        &self,
+        device: RtpDevice<I>,
+    ) -> Result<RankResult, TrainError> {
         let cfg = self.cfg;
         let (mut model, mut optim, mut schedule) = self.set_up(&device)?;
         let initial_val = evaluate(&model.valid(), self.corpus, cfg, &device);
@@ -443,7 +462,7 @@ impl RankJob<'_> {
                 self.rows(device.rank()),
                 cfg.model.seq,
             )
-            .tensors::<Ad<I>>(&device);
+            .tensors::<Ad<I, C>>(&device);
             let loss = model.loss(x, y);
             let mean = match self.global_loss(&device, &loss, done) {
                 Ok(mean) => mean,
@@ -482,13 +501,16 @@ impl RankJob<'_> {
 
     /// Agrees on the settings, then builds the model and optimizer (loading the initial
     /// weights or the checkpoint to resume from) and the learning-rate schedule.
-    fn set_up<I: RotationKernels>(&self, device: &RtpDevice<I>) -> Result<Start<I>, TrainError> {
+    fn set_up<I: RotationKernels, C: CheckpointStrategy>(
+        &self,
+        device: &RtpDevice<I>,
+    ) -> Result<Start<I, C>, TrainError> {
         let cfg = self.cfg;
         device.agree(&cfg.shared_settings())?;
-        Ad::<I>::seed(device, cfg.seed);
+        Ad::<I, C>::seed(device, cfg.seed);
         device.reset_memory_peak();
-        let mut model = cfg.model.init::<Ad<I>>(device);
-        let mut optim = RtpOptimizer::new(AdamConfig::new().init::<Ad<I>, Gpt<Ad<I>>>());
+        let mut model = cfg.model.init::<Ad<I, C>>(device);
+        let mut optim = RtpOptimizer::new(AdamConfig::new().init::<Ad<I, C>, Gpt<Ad<I, C>>>());
         if let Some(max) = cfg.clip_grad_norm {
             optim = optim.with_clip_grad_norm(max);
         }
@@ -524,10 +546,10 @@ impl RankJob<'_> {
 
     /// The mean of the ranks' losses; every rank learns of a bad loss on any rank here,
     /// before the update.
-    fn global_loss<I: RotationKernels>(
+    fn global_loss<I: RotationKernels, C: CheckpointStrategy>(
         &self,
         device: &RtpDevice<I>,
-        loss: &Tensor<Ad<I>, 1>,
+        loss: &Tensor<Ad<I, C>, 1>,
         done: usize,
     ) -> Result<f32, burn_rtp::RtpError> {
         let mut local = loss.clone().into_scalar().elem::<f32>();
@@ -538,11 +560,11 @@ impl RankJob<'_> {
     }
 
     /// Evaluation, a periodic checkpoint and rank 0's progress, as the settings ask.
-    fn after_step<I: RotationKernels>(
+    fn after_step<I: RotationKernels, C: CheckpointStrategy>(
         &self,
         device: &RtpDevice<I>,
-        model: &Gpt<Ad<I>>,
-        optim: &Optim<I>,
+        model: &Gpt<Ad<I, C>>,
+        optim: &Optim<I, C>,
         done: usize,
         lr: f64,
         log: &mut RankLog,
@@ -585,11 +607,11 @@ impl RankJob<'_> {
 
     /// The end of a rank's run: final evaluation and checkpoint, every rank's memory, and a
     /// sample (a failed run skips them and reports its failure).
-    fn finish<I: RotationKernels>(
+    fn finish<I: RotationKernels, C: CheckpointStrategy>(
         &self,
         device: &RtpDevice<I>,
-        model: Gpt<Ad<I>>,
-        optim: &Optim<I>,
+        model: Gpt<Ad<I, C>>,
+        optim: &Optim<I, C>,
         initial_val: f32,
         mut log: RankLog,
     ) -> Result<RankResult, TrainError> {
@@ -648,9 +670,9 @@ impl RankJob<'_> {
 
 /// A non-finite gradient norm (the optimizer skipped the update), traced to the rank it came
 /// from.
-fn check_grad_norm<I: RotationKernels>(
+fn check_grad_norm<I: RotationKernels, C: CheckpointStrategy>(
     device: &RtpDevice<I>,
-    optim: &Optim<I>,
+    optim: &Optim<I, C>,
     done: usize,
 ) -> Result<(), burn_rtp::RtpError> {
     let Some(n) = optim.last_grad_norm().filter(|n| !n.norm.is_finite()) else {
@@ -770,7 +792,10 @@ fn train_once<I: RotationKernels>(
         progress,
     };
     let results = burn_rtp::try_launch_on::<I, _, TrainError, _>(rtp, inner_device, |device| {
-        job.run(device)
+        match cfg.activation_checkpointing {
+            ActivationCheckpointing::None => job.run::<I, NoCheckpointing>(device),
+            ActivationCheckpointing::Balanced => job.run::<I, BalancedCheckpointing>(device),
+        }
     })?;
     let first = &results[0];
     if let Some((error, last_good)) = &first.failure {
@@ -806,6 +831,7 @@ fn train_once<I: RotationKernels>(
             .collect(),
         ideal_model_state_bytes_per_rank: (first.params * 4 * 4 / world) as u64,
         kernels: I::kernel_path().to_string(),
+        activation_checkpointing: cfg.activation_checkpointing.to_string(),
     };
     Ok(TrainOutcome {
         rank: first.rank,

@@ -201,6 +201,67 @@ fn a_checkpoint_resumes_in_another_world_and_strategy() {
     ));
 }
 
+/// Activation checkpointing does not change the numbers: 10 steps with it, resumed for 10
+/// without, then 10 with it again, equal 30 straight steps without it, bit for bit (losses,
+/// validation loss and the final parameters).
+#[test]
+fn a_checkpoint_resumes_bit_exactly_under_the_other_activation_checkpointing_setting() {
+    use burn_rtp::ActivationCheckpointing::{Balanced, None as Plain};
+    let dir = temp_dir("resume-activation-checkpointing");
+    let with = |ac, steps| {
+        let mut cfg = tiny(Strategy::Rtp, 3, steps);
+        cfg.activation_checkpointing = ac;
+        cfg
+    };
+    let mut straight_cfg = with(Plain, 30);
+    straight_cfg.checkpoint_dir = Some(dir.join("straight"));
+    let straight = train::<NdArray>(&straight_cfg, |_| Default::default(), None).unwrap();
+    assert_eq!(straight.report.activation_checkpointing, "none");
+    let root = dir.join("ckpt");
+    let mut losses = Vec::new();
+    let mut last = None;
+    for (i, ac) in [Balanced, Plain, Balanced].into_iter().enumerate() {
+        let mut cfg = with(ac, 10);
+        cfg.checkpoint_dir = Some(root.clone());
+        cfg.resume = (i > 0).then(|| root.clone());
+        let run = train::<NdArray>(&cfg, |_| Default::default(), None).unwrap();
+        assert_eq!(run.report.activation_checkpointing, ac.to_string());
+        losses.extend(run.report.losses.clone());
+        last = Some(run);
+    }
+    let last = last.unwrap();
+    assert_eq!(
+        losses, straight.report.losses,
+        "switching activation checkpointing at each resume must not change a loss"
+    );
+    assert_eq!(last.report.final_val_loss, straight.report.final_val_loss);
+    // The final parameters, consolidated and read into single-device Burn, to the bit.
+    let values = |run: &burn_rtp_examples::TrainOutcome, name: &str| -> Vec<Vec<f32>> {
+        use burn::module::{Module, ModuleVisitor, Param};
+        use burn::tensor::Tensor;
+        struct Values(Vec<Vec<f32>>);
+        impl ModuleVisitor<NdArray> for Values {
+            fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<NdArray, D>>) {
+                self.0
+                    .push(param.val().into_data().to_vec::<f32>().unwrap());
+            }
+        }
+        let out = dir.join(name);
+        consolidate_checkpoint(run.checkpoint.as_ref().unwrap(), &out).unwrap();
+        let model =
+            load_consolidated::<NdArray>(&out, &straight_cfg.model, &Default::default()).unwrap();
+        let mut v = Values(Vec::new());
+        model.visit(&mut v);
+        v.0
+    };
+    let (a, b) = (
+        values(&last, "switched.mpk"),
+        values(&straight, "straight.mpk"),
+    );
+    assert!(!a.is_empty());
+    assert!(a == b, "the final parameters differ");
+}
+
 #[test]
 fn bad_data_is_refused() {
     let dir = temp_dir("bad-data");

@@ -59,34 +59,52 @@ fn plan_prints_the_table_and_a_recommendation() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--memory-budget"));
 }
 
-/// The recommendation holds: training the recommended strategy at the recommended N stays
-/// within the budget on the ledger, and the next smaller world's best prediction does not fit.
+/// The recommendation holds: training the recommended strategy at the recommended N (with
+/// activation checkpointing if it chose it) stays within the budget on the ledger; the
+/// smaller worlds fit under neither setting, and checkpointing is chosen only where nothing
+/// fits without it.
 #[test]
 fn the_recommendation_fits_when_trained() {
+    use burn_rtp::ActivationCheckpointing::{Balanced, None as Plain};
     let model = GptConfig::new(16, 64, 2, 4);
     let per_rank = 4;
     let config = burn_rtp::PlanConfig::default()
         .with_shard_threshold(0)
         .with_batch(per_rank);
     let planner = burn_rtp_examples::plan::probe_gpt::<NdArray>(&model, config).unwrap();
-    // A budget between the best plan at N = 2 and at N = 3.
-    let best = |n: usize| {
+    assert!(planner.plans_checkpointing());
+    let best = |ac, n: usize| {
         burn_rtp::plan::PLANNED
             .iter()
-            .map(|&(s, r)| planner.predict(s, r, n, per_rank).total)
+            .map(|&(s, r)| planner.predict_with(ac, s, r, n, per_rank).total)
             .min()
             .unwrap()
     };
-    let budget = (best(2) + best(3)) / 2;
+    // Checkpointing saves memory on this model, at every world.
+    for n in [1, 2, 3, 4] {
+        assert!(best(Balanced, n) < best(Plain, n), "N = {n}");
+    }
+    // A budget between the best plain plans at N = 2 and at N = 3: without checkpointing
+    // N = 3 fits first; with it, as the planner sees it.
+    let budget = (best(Plain, 2) + best(Plain, 3)) / 2;
     let pick = planner.recommend(budget, per_rank, 8).unwrap();
-    assert_eq!(pick.world, 3, "{pick:?}");
+    let fits_at = |n: usize| best(Plain, n).min(best(Balanced, n)) <= budget;
+    let smallest = (1..=8).find(|&n| fits_at(n)).unwrap();
+    assert_eq!(pick.world, smallest, "{pick:?}");
     assert!(pick.total <= budget);
+    let plain_fits = best(Plain, pick.world) <= budget;
+    assert_eq!(
+        pick.activation_checkpointing,
+        if plain_fits { Plain } else { Balanced },
+        "{pick:?}"
+    );
     let mut cfg = TrainConfig::new(pick.strategy, pick.world);
     cfg.model = model;
     cfg.batch = per_rank * pick.world;
     cfg.steps = 2;
     cfg.shard_threshold = Some(0);
     cfg.rotation = pick.rotation;
+    cfg.activation_checkpointing = pick.activation_checkpointing;
     cfg.eval_every = 0;
     cfg.eval_batches = 1;
     let out = train::<NdArray>(&cfg, |_| Default::default(), None).unwrap();

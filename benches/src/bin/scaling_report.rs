@@ -69,6 +69,11 @@ struct Cli {
     /// With `--wgpu`: only add that section to the report already in `--out`.
     #[arg(long, requires = "wgpu")]
     wgpu_only: bool,
+    /// Only measure the activation section (RTP with and without balanced activation
+    /// checkpointing, and the planner's checkpointed predictions in-process) and add it to
+    /// the report already in `--out`, with its figures.
+    #[arg(long)]
+    activations_only: bool,
     /// Internal: run one job as this process's rank (started by mpirun).
     #[arg(long, hide = true)]
     mpi_worker: Option<String>,
@@ -142,9 +147,66 @@ fn main_mpi(cli: &Cli) -> ExitCode {
         };
     }
     let out = cfg.out.clone();
+    if cli.activations_only {
+        return activations_only(&out, |log| {
+            let section = mpi_report::activation_cells(&cfg, &exe, log)?;
+            Ok((
+                section.figures(),
+                mpi_report::ACTIVATION_HEADING,
+                section.markdown(&cfg),
+                section.cells(),
+                burn_rtp_benches::figures::MPI,
+            ))
+        });
+    }
     measure(&out, 3, mpi_report::check_keys, |log| {
         mpi_report::run(&cfg, &exe, log)
     })
+}
+
+/// What an activation section run returns: its figures, its heading, markdown and details,
+/// and the report's table of figures.
+type ActivationSection = (
+    serde_json::Value,
+    &'static str,
+    String,
+    serde_json::Value,
+    &'static [burn_rtp_benches::figures::Figure],
+);
+
+/// Measures the activation section alone and adds it, with its figures, to the report in
+/// `out`.
+fn activations_only(
+    out: &Path,
+    run: impl FnOnce(&dyn Fn(&str)) -> Result<ActivationSection, Box<dyn std::error::Error>>,
+) -> ExitCode {
+    let started = std::time::Instant::now();
+    let log = |msg: &str| eprintln!("[{:>6.1} s] {msg}", started.elapsed().as_secs_f64());
+    let added = run(&log).and_then(|(figures, heading, md, details, table)| {
+        burn_rtp_benches::report::add_section(
+            out,
+            heading,
+            &md,
+            "activation_checkpointing",
+            &details,
+        )?;
+        burn_rtp_benches::report::add_figures(out, &figures, table)?;
+        Ok(figures)
+    });
+    match added {
+        Ok(figures) => {
+            println!(
+                "added the activation section to {} in {:.0} s: {figures}",
+                out.display(),
+                started.elapsed().as_secs_f64()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: activation section: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// Runs a report with a timestamped log, checks its keys and says what it wrote.
@@ -302,7 +364,11 @@ fn report(cli: &Cli) -> ExitCode {
         };
         let started = std::time::Instant::now();
         let log = |msg: &str| eprintln!("[{:>6.1} s] {msg}", started.elapsed().as_secs_f64());
-        return match burn_rtp_benches::planner_check::run(&grid, &log) {
+        return match burn_rtp_benches::planner_check::run(
+            &grid,
+            burn_rtp::ActivationCheckpointing::None,
+            &log,
+        ) {
             Ok(rows) => {
                 println!("{}", burn_rtp_benches::planner_check::markdown(&rows));
                 ExitCode::SUCCESS
@@ -322,6 +388,19 @@ fn report(cli: &Cli) -> ExitCode {
     } else {
         ReportConfig::full(out)
     };
+    if cli.activations_only {
+        let settings = cfg.activations.clone();
+        return activations_only(&cfg.out, |log| {
+            let section = burn_rtp_benches::checkpointing::run(&settings, log)?;
+            Ok((
+                section.figures(),
+                burn_rtp_benches::checkpointing::HEADING,
+                section.markdown(&settings),
+                serde_json::to_value(&section)?,
+                burn_rtp_benches::figures::IN_PROCESS,
+            ))
+        });
+    }
     if let Some(cap) = cli.cap_bytes {
         cfg.cap_bytes = cap;
     }

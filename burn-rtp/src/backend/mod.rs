@@ -2,6 +2,7 @@
 //! each rank (around its communication context) and the ops, split by family.
 
 pub(crate) mod device;
+pub(crate) mod gathers;
 pub(crate) mod ops;
 pub(crate) mod pairing;
 pub(crate) mod rank;

@@ -11,11 +11,22 @@
 //! * **Forward records.** Every Linear forward leaves a record: the weight's and `x`'s
 //!   identity (their charge, shared by all clones of a tensor), the layouts of the weight and
 //!   the bias, and, where the weight rotates, `x` itself (autodiff keeps it alive for the
-//!   backward anyway; a record whose `x` nobody else holds is dropped).
+//!   backward anyway).
+//! * **Released inputs.** Once nothing but records holds a record's `x`, the record lets it
+//!   go and keeps only the layouts: under activation checkpointing
+//!   (`Autodiff<_, BalancedCheckpointing>`) autodiff drops a memory-bound `x` after the
+//!   forward and recomputes it for the backward, and holding it here would undo the saving.
+//!   Of the released records of one weight only the newest stays, so a forward whose
+//!   backward never comes (evaluation) leaves at most one small record per weight. The
+//!   check runs at every record and guess, and whenever the rank makes a local tensor while
+//!   some record holds its `x` (`RankCtx::release_inputs`), so the last Linear's input does
+//!   not outlive its forward either.
 //! * **The first call runs the pass.** `linear_x_backward(w, dy)` looks for a record with the
-//!   same weight whose `x` has `dy`'s leading dimensions (the most recent one if several) and
-//!   computes dX, dW and db in one pass. `linear_weight_backward(x, dy)`, when it comes first
-//!   (x not tracked), computes dW and db.
+//!   same weight and `dy`'s leading dimensions (the most recent one if several). With the
+//!   record's `x` it computes dX, dW and db in one pass. Without it (a released input) it
+//!   computes dX, and leaves the record's layouts under `dy` for the weight's call, which
+//!   then sends dW and db around the ring in a pass of their own (no weight rotates twice).
+//!   `linear_weight_backward(x, dy)`, when it comes first (x not tracked), computes dW and db.
 //! * **Later calls claim by identity.** dW is handed out only to the call whose `x` *and*
 //!   `dy` are the very tensors it was computed from; db only to the call with the same `dy`.
 //!   Anything else computes its own gradient, so a wrong guess costs a pass, never a wrong
@@ -86,18 +97,17 @@ impl<B: Backend> Forward<B> {
         }
     }
 
-    /// Whether anyone but this record still holds `x`: if not, its backward can never come.
-    fn alive(&self) -> bool {
-        match &self.x {
-            Some(_) => self.x_id.strong_count() > 1,
-            None => self.x_id.strong_count() > 0,
-        }
+    /// Whether the weight this forward used still exists: if not, no backward can use the
+    /// record (the optimizer replaced it).
+    fn weight_alive(&self) -> bool {
+        self.weight.strong_count() > 0
     }
 }
 
 /// Gradients computed ahead, waiting for the call that will ask for them.
 pub(crate) struct Deferred<B: Backend> {
-    x: Identity,
+    /// The `x` dW was computed from (`None`: dW was not computed, see `weight_layout`).
+    x: Option<Identity>,
     dy: Identity,
     /// The weight whose forward record the pass used, if it came from a guess.
     weight: Option<Identity>,
@@ -107,20 +117,48 @@ pub(crate) struct Deferred<B: Backend> {
     pub db: Option<Placed<B>>,
     /// Layout of the bias of the forward `dy` belongs to.
     pub bias_layout: Option<Layout>,
+    /// Layout of the weight of that forward, when dX was computed without `x` (a released
+    /// input): the weight's call computes dW by it.
+    pub weight_layout: Option<Layout>,
 }
 
 impl<B: Backend> Deferred<B> {
     /// Gradients computed from the tensors `x` and `dy`.
     pub fn new(x: Identity, dy: Identity, bias_layout: Option<Layout>) -> Self {
         Self {
-            x,
+            x: Some(x),
             dy,
             weight: None,
             dw: None,
             db: None,
             bias_layout,
+            weight_layout: None,
         }
     }
+
+    /// What a dX pass without the forward's `x` leaves for the calls that follow with the
+    /// same `dy`: the layouts of that forward's weight and bias.
+    pub fn layouts(dy: Identity, weight_layout: Layout, bias_layout: Option<Layout>) -> Self {
+        Self {
+            x: None,
+            dy,
+            weight: None,
+            dw: None,
+            db: None,
+            bias_layout,
+            weight_layout: Some(weight_layout),
+        }
+    }
+}
+
+/// What `linear_x_backward` found for its weight and `dy`.
+pub(crate) struct Guess<B: Backend> {
+    /// The forward's `x`, with its identity, unless the record released it.
+    pub x: Option<(Identity, Float<B>)>,
+    /// Layout of the weight that forward used.
+    pub weight_layout: Layout,
+    /// Layout of its bias, if it had one.
+    pub bias_layout: Option<Layout>,
 }
 
 /// One rank's forward records and deferred gradients.
@@ -144,30 +182,63 @@ fn rows_match(x: &[usize], dy: &[usize]) -> bool {
 }
 
 impl<B: Backend> Pairing<B> {
-    /// Records a forward, dropping records whose backward can no longer come, and the
-    /// oldest ones beyond [`MAX_RECORDS`] (forwards whose inputs a caller keeps but never
+    /// Records a forward, first releasing inputs only records hold, dropping records whose
+    /// weight is gone and all but the newest released record of each weight, and the oldest
+    /// records beyond [`MAX_RECORDS`] (forwards whose inputs a caller keeps but never
     /// differentiates: their backward, if it ever came, would fall back to a per-rank
     /// gradient, which `RtpOptimizer` averages).
     pub fn record(&mut self, forward: Forward<B>) {
-        self.forwards.retain(Forward::alive);
+        self.release_inputs();
+        self.forwards.retain(Forward::weight_alive);
+        // Of the released records of one weight, the newest stays.
+        let mut seen: Vec<Identity> = Vec::new();
+        for i in (0..self.forwards.len()).rev() {
+            let f = &self.forwards[i];
+            if f.x.is_some() {
+                continue;
+            }
+            if seen.iter().any(|w| same(w, &f.weight)) {
+                self.forwards.remove(i);
+            } else {
+                seen.push(f.weight.clone());
+            }
+        }
         if self.forwards.len() >= MAX_RECORDS {
             self.forwards.remove(0);
         }
         self.forwards.push(forward);
     }
 
-    /// For `linear_x_backward(weight, dy)`: the `x` of the most recent forward with this
-    /// weight and `dy`'s rows, preferring records no pass has guessed yet. The record stays,
-    /// so that the weight's own backward call still finds it if the guess was wrong.
-    pub fn guess_x(
-        &mut self,
-        weight: &impl Operand<B>,
-        dy: &impl Operand<B>,
-    ) -> Option<(Identity, Float<B>, Option<Layout>)> {
+    /// Lets go of every kept `x` that nothing but records holds (records of Linears fed the
+    /// same `x`, such as attention's query, key and value, hold it together, so each one's
+    /// hold is counted). Returns whether some record still holds its `x`.
+    pub fn release_inputs(&mut self) -> bool {
+        let holds = |fs: &[Forward<B>], id: &Identity| {
+            fs.iter()
+                .filter(|f| f.x.is_some() && same(&f.x_id, id))
+                .count()
+        };
+        let released: Vec<usize> = (0..self.forwards.len())
+            .filter(|&i| {
+                let f = &self.forwards[i];
+                f.x.is_some() && f.x_id.strong_count() <= holds(&self.forwards, &f.x_id)
+            })
+            .collect();
+        for i in released {
+            self.forwards[i].x = None;
+        }
+        self.forwards.iter().any(|f| f.x.is_some())
+    }
+
+    /// For `linear_x_backward(weight, dy)`: the record of the most recent forward with this
+    /// weight and `dy`'s rows, preferring records no pass has guessed yet, with its `x` if it
+    /// still holds it. The record stays, so that the weight's own backward call still finds
+    /// it if the guess was wrong.
+    pub fn guess_x(&mut self, weight: &impl Operand<B>, dy: &impl Operand<B>) -> Option<Guess<B>> {
+        self.release_inputs();
         let id = weight.identity();
         let dims = dy.dims();
-        let fits =
-            |f: &Forward<B>| same(&f.weight, &id) && f.x.is_some() && rows_match(&f.x_dims, &dims);
+        let fits = |f: &Forward<B>| same(&f.weight, &id) && rows_match(&f.x_dims, &dims);
         let pick = self
             .forwards
             .iter()
@@ -175,8 +246,11 @@ impl<B: Backend> Pairing<B> {
             .or_else(|| self.forwards.iter().rposition(fits))?;
         let f = &mut self.forwards[pick];
         f.guessed = true;
-        let x = f.x.as_ref().map(Held::get)?;
-        Some((f.x_id.clone(), x, f.bias_layout.clone()))
+        Some(Guess {
+            x: f.x.as_ref().map(|x| (f.x_id.clone(), x.get())),
+            weight_layout: f.weight_layout.clone(),
+            bias_layout: f.bias_layout.clone(),
+        })
     }
 
     /// Stores gradients computed ahead; any older ones were never asked for and go.
@@ -193,7 +267,8 @@ impl<B: Backend> Pairing<B> {
     /// For `linear_weight_backward(x, dy)`: dW computed ahead from these very tensors.
     pub fn claim_weight(&mut self, x: &impl Operand<B>, dy: &impl Operand<B>) -> Option<Placed<B>> {
         let d = self.deferred.as_mut()?;
-        if !(same(&d.x, &x.identity()) && same(&d.dy, &dy.identity())) {
+        let from_x = d.x.as_ref().is_some_and(|id| same(id, &x.identity()));
+        if !(from_x && same(&d.dy, &dy.identity())) {
             return None;
         }
         let dw = d.dw.take()?;
@@ -210,6 +285,19 @@ impl<B: Backend> Pairing<B> {
             }
         }
         Some(dw)
+    }
+
+    /// For `linear_weight_backward(x, dy)` after a dX pass without `x`: the layouts of the
+    /// weight and bias of the forward `dy` belongs to.
+    pub fn claim_layouts(&mut self, dy: &impl Operand<B>) -> Option<(Layout, Option<Layout>)> {
+        let d = self.deferred.as_ref()?;
+        if !same(&d.dy, &dy.identity()) {
+            return None;
+        }
+        let weight = d.weight_layout.clone()?;
+        let bias = d.bias_layout.clone();
+        self.deferred = None;
+        Some((weight, bias))
     }
 
     /// For `linear_weight_backward(x, dy)` without a deferred dW: removes and returns the

@@ -9,7 +9,7 @@ use crate::error::{raise, RtpError, RtpResult};
 use burn::tensor::backend::Backend;
 use std::any::Any;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 /// The state every op of one rank reads: its communication context and the ops' own records.
@@ -23,6 +23,11 @@ pub struct RankCtx<B: Backend> {
     pub(crate) shard_io: crate::state::shard_io::ShardIoByThread,
     /// Linear forwards awaiting their backward, and gradients computed ahead.
     pub(crate) pairing: Mutex<crate::backend::pairing::Pairing<B>>,
+    /// Whether some forward record may hold a Linear input: checked (without a lock) each
+    /// time the rank makes a local tensor.
+    inputs_held: AtomicBool,
+    /// Gathered copies of small sharded tensors, kept while their source lives.
+    pub(crate) gathers: Mutex<crate::backend::gathers::Gathers<B>>,
     pub(crate) index_id: u16,
 }
 
@@ -46,6 +51,27 @@ impl<B: Backend> RankCtx<B> {
             self.comm.world_size,
             self.comm.config.shard_threshold,
         )
+    }
+
+    /// Records a Linear forward (see `backend::pairing`).
+    pub(crate) fn record_forward(&self, forward: crate::backend::pairing::Forward<B>) {
+        let mut pairing = self.pairing.lock().unwrap();
+        pairing.record(forward);
+        self.inputs_held
+            .store(pairing.release_inputs(), Ordering::Release);
+    }
+
+    /// Lets the forward records go of inputs nothing else holds any more, so that a Linear's
+    /// input autodiff dropped (activation checkpointing) is freed when the next tensor is
+    /// made, not at the next Linear. Skipped while this rank is inside a pairing call.
+    pub(crate) fn release_inputs(&self) {
+        if !self.inputs_held.load(Ordering::Acquire) {
+            return;
+        }
+        if let Ok(mut pairing) = self.pairing.try_lock() {
+            self.inputs_held
+                .store(pairing.release_inputs(), Ordering::Release);
+        }
     }
 
     /// Whether parameters are being created right now (inside `memory_persistent_allocations`).
@@ -170,6 +196,8 @@ pub(crate) fn new_rank_ctx<B: Backend>(
     let ctx = Arc::new(RankCtx {
         comm,
         pairing: Mutex::new(Default::default()),
+        gathers: Mutex::new(Default::default()),
+        inputs_held: AtomicBool::new(false),
         persistent: AtomicUsize::new(0),
         param_stream: AtomicU64::new(0),
         seed: AtomicU64::new(0),

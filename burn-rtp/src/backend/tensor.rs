@@ -62,6 +62,9 @@ impl<B: Backend> RtpTensor<B> {
         inner: B::FloatTensorPrimitive,
         layout: Layout,
     ) -> Self {
+        if matches!(layout, Layout::Local) {
+            ctx.release_inputs();
+        }
         let charge = ctx.comm.ledger.charge(layout.category(), bytes_of(&inner));
         Self {
             inner,
@@ -86,6 +89,22 @@ impl<B: Backend> RtpTensor<B> {
             }
         } else {
             Self::new(self.ctx, inner, layout)
+        }
+    }
+
+    /// `inner`, a view of this tensor's elements in another shape (a reshape), under the same
+    /// charge: the same identity, and bytes counted once.
+    pub(crate) fn view(self, inner: B::FloatTensorPrimitive, layout: Layout) -> Self {
+        debug_assert_eq!(
+            bytes_of(&inner),
+            self.charge.bytes(),
+            "a view changed the size"
+        );
+        Self {
+            inner,
+            layout,
+            ctx: self.ctx,
+            charge: self.charge,
         }
     }
 

@@ -272,8 +272,9 @@ where
     type Record = O::Record;
 
     fn step(&mut self, lr: LearningRate, module: M, mut grads: GradientsParams) -> M {
+        let ctx = module_ctx::<M, B, I>(&module);
         // The ledger keeps the peaks of the compute and the update phases apart.
-        let ledger = module_ctx::<M, B, I>(&module).map(|ctx| ctx.comm.ledger.clone());
+        let ledger = ctx.as_ref().map(|ctx| ctx.comm.ledger.clone());
         if let Some(l) = &ledger {
             l.end_phase(Phase::Compute);
         }
@@ -283,6 +284,10 @@ where
             if self.last_grad_norm.is_some_and(|n| !n.norm.is_finite()) {
                 return module;
             }
+        }
+        // Every parameter is about to be replaced: its kept gathers are of no further use.
+        if let Some(ctx) = &ctx {
+            ctx.gathers.lock().unwrap().clear();
         }
         let module = self.inner.step(lr, module, grads);
         if let Some(l) = &ledger {
@@ -299,6 +304,10 @@ where
             self.clip_grad_norm.is_none(),
             "RtpOptimizer: global-norm clipping of multi-device gradients is not supported; use `step`"
         );
+        // As in `step`: every parameter is about to be replaced.
+        if let Some(ctx) = module_ctx::<M, B, I>(&module) {
+            ctx.gathers.lock().unwrap().clear();
+        }
         self.inner.step_multi(lr, module, grads)
     }
 

@@ -381,6 +381,31 @@ impl<B: Backend> Held<B> {
         }
     }
 
+    /// A second handle to the same tensor under the same charge: the bytes are counted once,
+    /// until the last handle drops.
+    pub(crate) fn share(&self) -> Self {
+        Self {
+            tensor: self.tensor.clone(),
+            charge: self.charge.clone(),
+        }
+    }
+
+    /// Whether `other` is a handle to the same charge (the same tensor or a clone of it).
+    pub(crate) fn same_as(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.charge, &other.charge)
+    }
+
+    /// Whether this is the only handle to the tensor's charge (no wrapper or other `Held`
+    /// holds it any more).
+    pub(crate) fn alone(&self) -> bool {
+        self.holders() == 1
+    }
+
+    /// How many handles (wrappers and `Held`s) share the tensor's charge.
+    pub(crate) fn holders(&self) -> usize {
+        Arc::strong_count(&self.charge)
+    }
+
     /// What the tensor is charged as.
     pub(crate) fn category(&self) -> Category {
         self.charge.category()

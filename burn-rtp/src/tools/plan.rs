@@ -53,11 +53,21 @@
 //! the threshold fixed and by 13.2% to 22.0% with glibc's default. To budget a process's
 //! memory rather than the ledger's, add that much.
 //!
-//! Gradient accumulation, activation checkpointing, mixed precision and optimizers whose
-//! state is not a whole number of parameter copies are outside the model.
+//! # Activation checkpointing
+//! [`Planner::with_checkpointed_probe`] probes the same model trained on
+//! `Autodiff<Rtp<I>, BalancedCheckpointing>`, whose backward pass recomputes memory-bound
+//! ops: its local bytes come from that probe, by the same rules. [`Planner::predict_with`]
+//! plans either setting, [`Planner::table`] lists both, and [`Planner::recommend`] turns
+//! checkpointing on only where it is what makes a budget fit at the smallest world (it costs
+//! recomputation, and under RTP an extra pass for each Linear whose input is recomputed).
+//!
+//! Gradient accumulation, mixed precision and optimizers whose state is not a whole number
+//! of parameter copies are outside the model.
 
 use crate::backend::device::RtpDevice;
-use crate::config::{RotationMode, RtpConfig, Strategy, DEFAULT_SHARD_THRESHOLD};
+use crate::config::{
+    ActivationCheckpointing, RotationMode, RtpConfig, Strategy, DEFAULT_SHARD_THRESHOLD,
+};
 use crate::state::accounting::{human_bytes, MemoryStats};
 use crate::state::sharding::{placement, ShardSpec};
 use crate::RtpResult;
@@ -177,6 +187,8 @@ pub struct Prediction {
     pub strategy: Strategy,
     /// The rotation mode (RTP only).
     pub rotation: RotationMode,
+    /// Whether activations are recomputed in the backward pass.
+    pub activation_checkpointing: ActivationCheckpointing,
     /// Ranks.
     pub world: usize,
     /// Samples per rank.
@@ -192,17 +204,21 @@ pub struct Prediction {
 }
 
 impl Prediction {
-    /// `rtp (out-of-place)`, `fsdp`, `ddp`.
+    /// `rtp (out-of-place)`, `fsdp`, `ddp`, with `, balanced checkpointing` when it is on.
     pub fn label(&self) -> String {
-        match self.strategy {
+        let strategy = match self.strategy {
             Strategy::Rtp => format!("rtp ({})", self.rotation),
             s => s.to_string(),
+        };
+        match self.activation_checkpointing {
+            ActivationCheckpointing::None => strategy,
+            ac => format!("{strategy}, {ac} checkpointing"),
         }
     }
 }
 
 /// Why no plan fits.
-#[derive(Debug, Clone, Error, PartialEq, Eq)]
+#[derive(Debug, Clone, Error, PartialEq)]
 pub enum PlanError {
     /// Nothing fits the budget up to the largest world allowed.
     #[error("nothing fits in {} per rank up to {max_world} ranks: the smallest peak, {} with {} on {max_world} ranks, is {} over the budget", human_bytes(*budget), human_bytes(best.total), best.label(), human_bytes(best.total - budget))]
@@ -217,6 +233,9 @@ pub enum PlanError {
     /// The settings cannot be planned.
     #[error("invalid plan settings: {0}")]
     Config(String),
+    /// A probe's steps failed.
+    #[error("the probe failed: {0}")]
+    Probe(#[from] crate::RtpError),
 }
 
 /// Predicts peak memory per rank; built by [`Planner::probe`].
@@ -225,8 +244,13 @@ pub struct Planner {
     shapes: Vec<Shape>,
     elem: usize,
     config: PlanConfig,
-    probes: [(Strategy, Probe); 3],
+    probes: Probes,
+    /// The probes under balanced activation checkpointing, once taken.
+    checkpointed: Option<Probes>,
 }
+
+/// What the probe measured, per strategy.
+type Probes = [(Strategy, Probe); 3];
 
 /// The strategies and rotation modes a plan covers, in the order [`Planner::recommend`]
 /// prefers them at equal world size: DDP moves no weights, RTP hides its transfers behind
@@ -299,66 +323,90 @@ impl Planner {
         M: Module<B>,
         F: Fn(&RtpDevice<I>, usize) -> M + Send + Sync,
     {
-        let (b1, b2) = config.probe_batches;
-        let mut shapes = None;
-        let mut probes =
-            [Strategy::Rtp, Strategy::Fsdp, Strategy::Ddp].map(|s| (s, Probe::default()));
-        for (strategy, probe) in probes.iter_mut() {
-            let mut at = Vec::new();
-            for batch in [b1, b2] {
-                let rtp = RtpConfig::new(1)
-                    .with_strategy(*strategy)
-                    .with_shard_threshold(config.shard_threshold)
-                    .with_transport(crate::TransportKind::InProcess);
-                let step = &step;
-                let mut out = crate::runtime::launch::launch::<I, _, _>(rtp, move |device| {
-                    device.reset_memory_peak();
-                    let model = step(&device, batch);
-                    let mut visitor = Shapes {
-                        shapes: Vec::new(),
-                        elem: 4,
-                    };
-                    model.visit(&mut visitor);
-                    let peak = device.memory_peak();
-                    let (mut compute, update) = device.memory_phase_peaks();
-                    if compute.total == 0 {
-                        // No RtpOptimizer marked the phases: the whole step is one.
-                        compute = device.memory_at_peak();
-                    }
-                    let measured = Measured {
-                        batch,
-                        peak,
-                        compute,
-                        update,
-                    };
-                    (visitor.shapes, visitor.elem, measured)
-                })?;
-                let (s, elem, measured) = out.remove(0);
-                shapes.get_or_insert((s, elem));
-                at.push(measured);
-            }
-            let (shapes, elem) = shapes.as_ref().expect("probed");
-            let params = param_bytes(shapes, *elem, Strategy::Ddp, 1, 0).max(1) as f64;
-            let line = |f: &dyn Fn(&Measured) -> u64| {
-                PerSample::through((at[0].batch, f(&at[0])), (at[1].batch, f(&at[1])))
-            };
-            let phase = |pick: fn(&Measured) -> MemoryStats| PhaseMakeUp {
-                state: pick(&at[1]).sharded as f64 / params,
-                local: line(&|m| pick(m).local),
-            };
-            *probe = Probe {
-                local_peak: line(&|m| m.peak.local),
-                compute: phase(|m| m.compute),
-                update: phase(|m| m.update),
-            };
-        }
-        let (shapes, elem) = shapes.expect("probed");
+        let (shapes, elem, probes) = measure::<I, B, M, F>(&config, step)?;
         Ok(Self {
             shapes,
             elem,
             config,
             probes,
+            checkpointed: None,
         })
+    }
+
+    /// Adds the probes of the same model trained with balanced activation checkpointing:
+    /// `step` is [`Planner::probe`]'s step on `Autodiff<Rtp<I>, BalancedCheckpointing>`. It
+    /// must build the same parameters.
+    ///
+    /// ```
+    /// use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing;
+    /// use burn::backend::{Autodiff, NdArray};
+    /// use burn::nn::{Linear, LinearConfig};
+    /// use burn::optim::{AdamConfig, GradientsParams, Optimizer};
+    /// use burn::tensor::backend::AutodiffBackend;
+    /// use burn::tensor::Tensor;
+    /// use burn_rtp::{ActivationCheckpointing, PlanConfig, Planner, Rtp, RtpDevice, RtpOptimizer};
+    /// use burn_rtp::{RotationMode, Strategy};
+    ///
+    /// // Four blocks of two Linears with a GELU between them, whose output checkpointing
+    /// // recomputes in the backward pass instead of keeping it.
+    /// fn step<B>(device: &B::Device, batch: usize) -> Vec<Linear<B>>
+    /// where
+    ///     B: AutodiffBackend<Device = RtpDevice<NdArray>, InnerBackend = Rtp<NdArray>>,
+    /// {
+    ///     let mut model: Vec<Linear<B>> = (0..8)
+    ///         .map(|i| match i % 2 {
+    ///             0 => LinearConfig::new(64, 256).init(device),
+    ///             _ => LinearConfig::new(256, 64).init(device),
+    ///         })
+    ///         .collect();
+    ///     let mut optim = RtpOptimizer::new(AdamConfig::new().init::<B, Vec<Linear<B>>>());
+    ///     for _ in 0..2 {
+    ///         let mut h = Tensor::<B, 2>::ones([batch, 64], device);
+    ///         for pair in model.chunks(2) {
+    ///             h = pair[1].forward(burn::tensor::activation::gelu(pair[0].forward(h)));
+    ///         }
+    ///         let loss = h.powi_scalar(2).mean();
+    ///         let grads = GradientsParams::from_grads(loss.backward(), &model);
+    ///         model = optim.step(1e-3, model, grads);
+    ///     }
+    ///     model
+    /// }
+    /// type Plain = Autodiff<Rtp<NdArray>>;
+    /// type Balanced = Autodiff<Rtp<NdArray>, BalancedCheckpointing>;
+    /// let config = PlanConfig::default().with_shard_threshold(0).with_batch(256);
+    /// let planner = Planner::probe::<NdArray, Plain, _, _>(config, step::<Plain>)?
+    ///     .with_checkpointed_probe::<NdArray, Balanced, _, _>(step::<Balanced>)?;
+    /// let (rtp, oop) = (Strategy::Rtp, RotationMode::OutOfPlace);
+    /// let plain = planner.predict_with(ActivationCheckpointing::None, rtp, oop, 4, 256);
+    /// let balanced = planner.predict_with(ActivationCheckpointing::Balanced, rtp, oop, 4, 256);
+    /// // The GELU's output is recomputed instead of kept: less activation memory.
+    /// assert!(balanced.activations < plain.activations);
+    /// assert_eq!(balanced.model_state, plain.model_state);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn with_checkpointed_probe<I, B, M, F>(mut self, step: F) -> Result<Self, PlanError>
+    where
+        I: Backend,
+        B: Backend<Device = RtpDevice<I>>,
+        M: Module<B>,
+        F: Fn(&RtpDevice<I>, usize) -> M + Send + Sync,
+    {
+        let (shapes, _, probes) = measure::<I, B, M, F>(&self.config, step)?;
+        if shapes != self.shapes {
+            return Err(PlanError::Config(format!(
+                "the checkpointed probe built other parameters ({} shapes) than the first \
+                 probe ({} shapes): both must train the same model",
+                shapes.len(),
+                self.shapes.len()
+            )));
+        }
+        self.checkpointed = Some(probes);
+        Ok(self)
+    }
+
+    /// Whether [`Planner::with_checkpointed_probe`] ran, so that checkpointed plans exist.
+    pub fn plans_checkpointing(&self) -> bool {
+        self.checkpointed.is_some()
     }
 
     /// The parameter shapes the probe found, in the model's visiting order.
@@ -366,13 +414,32 @@ impl Planner {
         &self.shapes
     }
 
-    /// What the probe measured for `strategy`.
+    /// What the probe measured for `strategy` (without checkpointing).
     pub fn probe_of(&self, strategy: Strategy) -> Probe {
-        self.probes
-            .iter()
-            .find(|(s, _)| *s == strategy)
-            .map(|(_, p)| *p)
-            .expect("every strategy is probed")
+        pick(&self.probes, strategy)
+    }
+
+    /// What the probe measured for `strategy` under `checkpointing`, if that was probed.
+    pub fn probe_with(
+        &self,
+        checkpointing: ActivationCheckpointing,
+        strategy: Strategy,
+    ) -> Option<Probe> {
+        match checkpointing {
+            ActivationCheckpointing::None => Some(pick(&self.probes, strategy)),
+            ActivationCheckpointing::Balanced => {
+                self.checkpointed.as_ref().map(|p| pick(p, strategy))
+            }
+        }
+    }
+
+    /// The settings a plan covers: without checkpointing, and with it once probed.
+    fn checkpointings(&self) -> Vec<ActivationCheckpointing> {
+        let mut all = vec![ActivationCheckpointing::None];
+        if self.plans_checkpointing() {
+            all.push(ActivationCheckpointing::Balanced);
+        }
+        all
     }
 
     /// Rank 0's parameter bytes under `strategy` at `world` ranks (one copy: the parameter).
@@ -465,7 +532,8 @@ impl Planner {
         }
     }
 
-    /// Rank 0's predicted peak under `strategy` at `world` ranks with `batch` samples per rank.
+    /// Rank 0's predicted peak under `strategy` at `world` ranks with `batch` samples per rank,
+    /// without activation checkpointing.
     pub fn predict(
         &self,
         strategy: Strategy,
@@ -473,8 +541,35 @@ impl Planner {
         world: usize,
         batch: usize,
     ) -> Prediction {
+        self.predict_with(
+            ActivationCheckpointing::None,
+            strategy,
+            rotation,
+            world,
+            batch,
+        )
+    }
+
+    /// [`Planner::predict`] under `checkpointing`.
+    ///
+    /// # Panics
+    /// If `checkpointing` is on and [`Planner::with_checkpointed_probe`] did not run (see
+    /// [`Planner::plans_checkpointing`]).
+    pub fn predict_with(
+        &self,
+        checkpointing: ActivationCheckpointing,
+        strategy: Strategy,
+        rotation: RotationMode,
+        world: usize,
+        batch: usize,
+    ) -> Prediction {
         assert!(world > 0, "a world has at least one rank");
-        let probe = self.probe_of(strategy);
+        let probe = self.probe_with(checkpointing, strategy).unwrap_or_else(|| {
+            panic!(
+                "planning {strategy} at N={world} with {checkpointing} activation checkpointing: \
+                 that was not probed (Planner::with_checkpointed_probe)"
+            )
+        });
         let params = self.param_bytes(strategy, world) as f64;
         let buffers = self.buffers(strategy, world);
         let share = params / self.param_bytes(Strategy::Ddp, 1).max(1) as f64;
@@ -502,6 +597,7 @@ impl Planner {
         Prediction {
             strategy,
             rotation,
+            activation_checkpointing: checkpointing,
             world,
             batch,
             model_state: self.model_state(strategy, world),
@@ -511,16 +607,23 @@ impl Planner {
         }
     }
 
-    /// Every planned strategy at every world size in `worlds`.
+    /// Every planned strategy at every world size in `worlds`, without checkpointing and,
+    /// once probed, with it.
     pub fn table(&self, worlds: &[usize], batch: usize) -> Vec<Prediction> {
         worlds
             .iter()
-            .flat_map(|&n| PLANNED.map(|(s, r)| self.predict(s, r, n, batch)))
+            .flat_map(|&n| {
+                self.checkpointings()
+                    .into_iter()
+                    .flat_map(move |ac| PLANNED.map(|(s, r)| self.predict_with(ac, s, r, n, batch)))
+            })
             .collect()
     }
 
     /// The smallest world, up to `max_world`, at which some strategy's predicted peak fits
     /// `budget` bytes per rank, with that strategy (the first to fit in [`PLANNED`] order).
+    /// Activation checkpointing, when probed, is chosen only where nothing fits at that world
+    /// without it.
     pub fn recommend(
         &self,
         budget: u64,
@@ -532,18 +635,19 @@ impl Planner {
                 "the largest world must be at least 1".into(),
             ));
         }
+        let at = |world: usize| {
+            self.checkpointings().into_iter().flat_map(move |ac| {
+                PLANNED
+                    .iter()
+                    .map(move |&(s, r)| self.predict_with(ac, s, r, world, batch))
+            })
+        };
         for world in 1..=max_world {
-            if let Some(p) = PLANNED
-                .iter()
-                .map(|&(s, r)| self.predict(s, r, world, batch))
-                .find(|p| p.total <= budget)
-            {
+            if let Some(p) = at(world).find(|p| p.total <= budget) {
                 return Ok(p);
             }
         }
-        let best = PLANNED
-            .iter()
-            .map(|&(s, r)| self.predict(s, r, max_world, batch))
+        let best = at(max_world)
             .min_by_key(|p| p.total)
             .expect("strategies are planned");
         Err(PlanError::NothingFits {
@@ -552,6 +656,80 @@ impl Planner {
             best,
         })
     }
+}
+
+/// The probe of `strategy` among `probes`.
+fn pick(probes: &Probes, strategy: Strategy) -> Probe {
+    probes
+        .iter()
+        .find(|(s, _)| *s == strategy)
+        .map(|(_, p)| *p)
+        .expect("every strategy is probed")
+}
+
+/// Runs the probe's steps for every strategy at both probe batches (see [`Planner::probe`]):
+/// the parameter shapes, their element size and each strategy's figures.
+fn measure<I, B, M, F>(config: &PlanConfig, step: F) -> RtpResult<(Vec<Shape>, usize, Probes)>
+where
+    I: Backend,
+    B: Backend<Device = RtpDevice<I>>,
+    M: Module<B>,
+    F: Fn(&RtpDevice<I>, usize) -> M + Send + Sync,
+{
+    let (b1, b2) = config.probe_batches;
+    let mut shapes = None;
+    let mut probes = [Strategy::Rtp, Strategy::Fsdp, Strategy::Ddp].map(|s| (s, Probe::default()));
+    for (strategy, probe) in probes.iter_mut() {
+        let mut at = Vec::new();
+        for batch in [b1, b2] {
+            let rtp = RtpConfig::new(1)
+                .with_strategy(*strategy)
+                .with_shard_threshold(config.shard_threshold)
+                .with_transport(crate::TransportKind::InProcess);
+            let step = &step;
+            let mut out = crate::runtime::launch::launch::<I, _, _>(rtp, move |device| {
+                device.reset_memory_peak();
+                let model = step(&device, batch);
+                let mut visitor = Shapes {
+                    shapes: Vec::new(),
+                    elem: 4,
+                };
+                model.visit(&mut visitor);
+                let peak = device.memory_peak();
+                let (mut compute, update) = device.memory_phase_peaks();
+                if compute.total == 0 {
+                    // No RtpOptimizer marked the phases: the whole step is one.
+                    compute = device.memory_at_peak();
+                }
+                let measured = Measured {
+                    batch,
+                    peak,
+                    compute,
+                    update,
+                };
+                (visitor.shapes, visitor.elem, measured)
+            })?;
+            let (s, elem, measured) = out.remove(0);
+            shapes.get_or_insert((s, elem));
+            at.push(measured);
+        }
+        let (shapes, elem) = shapes.as_ref().expect("probed");
+        let params = param_bytes(shapes, *elem, Strategy::Ddp, 1, 0).max(1) as f64;
+        let line = |f: &dyn Fn(&Measured) -> u64| {
+            PerSample::through((at[0].batch, f(&at[0])), (at[1].batch, f(&at[1])))
+        };
+        let phase = |pick: fn(&Measured) -> MemoryStats| PhaseMakeUp {
+            state: pick(&at[1]).sharded as f64 / params,
+            local: line(&|m| pick(m).local),
+        };
+        *probe = Probe {
+            local_peak: line(&|m| m.peak.local),
+            compute: phase(|m| m.compute),
+            update: phase(|m| m.update),
+        };
+    }
+    let (shapes, elem) = shapes.expect("probed");
+    Ok((shapes, elem, probes))
 }
 
 /// Rank 0's bytes of one copy of every parameter.

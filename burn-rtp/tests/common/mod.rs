@@ -1,6 +1,7 @@
 //! Test models and a reference trainer shared by the integration tests.
 #![allow(dead_code)]
 
+use burn::backend::autodiff::checkpoint::strategy::{CheckpointStrategy, NoCheckpointing};
 use burn::module::{AutodiffModule, Module, ModuleMapper, ModuleVisitor, Param};
 use burn::nn::attention::generate_autoregressive_mask;
 use burn::nn::loss::CrossEntropyLossConfig;
@@ -409,8 +410,14 @@ pub fn reference_mlp(weights: &[u8]) -> RankRun {
 /// row blocks: the same mathematics as [`reference_mlp`], rounded the way data parallelism
 /// rounds. Comparing the two measures how far rounding alone moves training.
 pub fn reference_mlp_split(weights: &[u8], blocks: usize) -> RankRun {
+    reference_mlp_on::<RefB>(weights, blocks)
+}
+
+/// [`reference_mlp_split`] on the single-device autodiff backend `B` (its checkpointing
+/// strategy is the point).
+pub fn reference_mlp_on<B: AutodiffBackend>(weights: &[u8], blocks: usize) -> RankRun {
     let device = Default::default();
-    let mut model = load_bytes(Mlp::<RefB>::new(&device), weights, &device);
+    let mut model = load_bytes(Mlp::<B>::new(&device), weights, &device);
     let mut optim = adam().init();
     let mut losses = Vec::new();
     for step in 0..STEPS {
@@ -437,8 +444,13 @@ pub fn rtp_mlp(config: RtpConfig, weights: &[u8]) -> RtpResult<Vec<RankRun>> {
 
 /// Single-device training of the tiny LM from `weights`: losses and final parameters.
 pub fn reference_lm(weights: &[u8]) -> RankRun {
+    reference_lm_on::<RefB>(weights)
+}
+
+/// [`reference_lm`] on the single-device autodiff backend `B`.
+pub fn reference_lm_on<B: AutodiffBackend>(weights: &[u8]) -> RankRun {
     let device = Default::default();
-    let reference = load_bytes(TinyLm::<RefB>::new(&device), weights, &device);
+    let reference = load_bytes(TinyLm::<B>::new(&device), weights, &device);
     let (trained, losses) = train(
         reference,
         adam().init(),
@@ -471,31 +483,58 @@ pub fn rtp_run_counting<I: RotationKernels>(
     config: RtpConfig,
     weights: &[u8],
 ) -> RtpResult<Vec<(RankRun, u64)>> {
-    type Dist<I> = burn::backend::Autodiff<Rtp<I>>;
+    Ok(
+        rtp_run_checkpointed::<I, NoCheckpointing>(which, config, weights)?
+            .into_iter()
+            .map(|r| (r.run, r.launches))
+            .collect(),
+    )
+}
+
+/// One rank's run with what it counted.
+pub struct Counted {
+    /// Losses and final parameters.
+    pub run: RankRun,
+    /// Steps run on burn-rtp-kernels' own kernels.
+    pub launches: u64,
+    /// Exchanges with other ranks over the whole run.
+    pub exchanges: u64,
+}
+
+/// Distributed training on `Autodiff<Rtp<I>, C>`: autodiff's checkpointing strategy `C`
+/// (`BalancedCheckpointing` recomputes memory-bound ops in the backward pass).
+pub fn rtp_run_checkpointed<I: RotationKernels, C: CheckpointStrategy>(
+    which: Which,
+    config: RtpConfig,
+    weights: &[u8],
+) -> RtpResult<Vec<Counted>> {
+    type Dist<I, C> = burn::backend::Autodiff<Rtp<I>, C>;
     let world = config.world_size;
     launch(config, |device| {
         let before = burn_rtp_kernels::fused_launches_on_this_thread();
+        let exchanges = device.exchanges();
         let rows = rows(device.rank(), world);
         let run = match which {
             Which::Mlp => {
-                let model = load_bytes(Mlp::<Dist<I>>::new(&device), weights, &device);
+                let model = load_bytes(Mlp::<Dist<I, C>>::new(&device), weights, &device);
                 let optim = RtpOptimizer::new(adam().init());
                 let (model, losses) =
                     train(model, optim, which, STEPS, rows, &device, step_loss_mlp);
                 (losses, param_values(&model))
             }
             Which::Lm => {
-                let model = load_bytes(TinyLm::<Dist<I>>::new(&device), weights, &device);
+                let model = load_bytes(TinyLm::<Dist<I, C>>::new(&device), weights, &device);
                 let optim = RtpOptimizer::new(adam().init());
                 let (model, losses) =
                     train(model, optim, which, STEPS, rows, &device, step_loss_lm);
                 (losses, param_values(&model))
             }
         };
-        (
+        Counted {
             run,
-            burn_rtp_kernels::fused_launches_on_this_thread() - before,
-        )
+            launches: burn_rtp_kernels::fused_launches_on_this_thread() - before,
+            exchanges: device.exchanges() - exchanges,
+        }
     })
 }
 

@@ -6,7 +6,7 @@ use super::weights::{
     broadcastable, gather_unit, local, mean_over_ranks, reduce_scatter_full, WeightUse,
 };
 use super::{full_inner, unary, Float};
-use crate::backend::pairing::{Deferred, Forward};
+use crate::backend::pairing::{Deferred, Forward, Guess};
 use crate::backend::rank::RankCtx;
 use crate::backend::tensor::RtpTensor;
 use crate::comm::rotation::{ring_pass, rotate_columns, Pass};
@@ -168,10 +168,7 @@ pub(super) fn forward<B: RotationKernels>(
     let ctx = x.ctx.clone();
     let use_ = WeightUse::of(&weight);
     let rotates = matches!(use_, WeightUse::Rotated(_));
-    ctx.pairing
-        .lock()
-        .unwrap()
-        .record(Forward::new(&x, &weight, bias.as_ref(), rotates));
+    ctx.record_forward(Forward::new(&x, &weight, bias.as_ref(), rotates));
     let op = "linear";
     match use_ {
         WeightUse::Whole => {
@@ -250,25 +247,45 @@ pub(super) fn x_backward<B: RotationKernels>(
 ) -> RtpTensor<B> {
     let ctx = weight.ctx.clone();
     let op = "linear_x_backward";
-    match WeightUse::of(&weight) {
-        WeightUse::Whole => {
-            let (w, dy) = (full_inner(weight, op), full_inner(dy, op));
-            local(&ctx, kernels::x_grad_whole::<B>(w.get(), dy.get()))
-        }
-        WeightUse::Gathered(_) => {
+    let use_ = WeightUse::of(&weight);
+    let guess = ctx.pairing.lock().unwrap().guess_x(&weight, &dy);
+    // The weight's call, which comes next with this `dy`, learns the forward's layouts here:
+    // by `x` it cannot find the record once autodiff has recomputed `x` (activation
+    // checkpointing), and without them it would keep a whole per-rank dW.
+    let leave_layouts = |dy_id, guess: Guess<B>| {
+        let deferred = Deferred::layouts(dy_id, guess.weight_layout, guess.bias_layout);
+        ctx.pairing.lock().unwrap().defer(deferred);
+    };
+    match use_ {
+        WeightUse::Whole | WeightUse::Gathered(_) => {
+            let dy_id = dy.identity();
             let dy = full_inner(dy, op);
-            let w = gather_unit(weight, "linear.gather_backward");
-            local(&ctx, kernels::x_grad_whole::<B>(w.get(), dy.get()))
+            let w = match use_ {
+                WeightUse::Whole => full_inner(weight, op),
+                _ => gather_unit(weight, "linear.gather_backward"),
+            };
+            let dx = local(&ctx, kernels::x_grad_whole::<B>(w.get(), dy.get()));
+            if let Some(guess) = guess {
+                leave_layouts(dy_id, guess);
+            }
+            dx
         }
         WeightUse::Rotated(spec) => {
-            let guess = ctx.pairing.lock().unwrap().guess_x(&weight, &dy);
             let dy_id = dy.identity();
             let dy = full_inner(dy, op);
             let w = Some(weight.inner.clone());
-            let Some((x_id, x, bias_layout)) = guess else {
+            let Some(guess) = guess else {
                 let g = backward_pass(&ctx, &spec, w, None, &dy, None);
                 return local(&ctx, g.dx.expect("the weight rotated"));
             };
+            let Some((x_id, x)) = guess.x.clone() else {
+                // A released input (recomputed by autodiff for the weight's call): dX now,
+                // and the layouts for the weight's call, which sends dW around on its own.
+                let g = backward_pass(&ctx, &spec, w, None, &dy, None);
+                leave_layouts(dy_id, guess);
+                return local(&ctx, g.dx.expect("the weight rotated"));
+            };
+            let bias_layout = guess.bias_layout;
             let bias = travelling_bias(&bias_layout);
             let g = backward_pass(&ctx, &spec, w, Some(x), &dy, bias);
             let mut deferred = Deferred::new(x_id, dy_id, bias_layout);
@@ -293,17 +310,19 @@ pub(super) fn weight_backward<B: RotationKernels>(
         drop(pairing);
         return RtpTensor::from_placed(ctx, dw);
     }
-    let forward = pairing.take_forward(&x, &dy);
+    let layouts = match pairing.claim_layouts(&dy) {
+        Some(layouts) => Some(layouts),
+        None => pairing
+            .take_forward(&x, &dy)
+            .map(|f| (f.weight_layout, f.bias_layout)),
+    };
     drop(pairing);
     let (x_id, dy_id) = (x.identity(), dy.identity());
     let x = full_inner(x, op);
     let dy = full_inner(dy, op);
-    let (weight_layout, bias_layout) = match forward {
-        Some(f) => (f.weight_layout, f.bias_layout),
-        // No record: the weight was not used by a Linear forward of this rank that is still
-        // alive. A per-rank gradient is right for any layout (RtpOptimizer averages it).
-        None => (Layout::Local, None),
-    };
+    // No record: the weight was not used by a Linear forward of this rank that is still
+    // alive. A per-rank gradient is right for any layout (RtpOptimizer averages it).
+    let (weight_layout, bias_layout) = layouts.unwrap_or((Layout::Local, None));
     let mut deferred = Deferred::new(x_id, dy_id, bias_layout);
     let dw = match WeightUse::of_layout(&weight_layout, &ctx) {
         WeightUse::Whole => return local(&ctx, kernels::weight_grad_whole::<B>(x.get(), dy.get())),

@@ -16,6 +16,7 @@ mod qtensor;
 mod transaction;
 mod weights;
 
+use crate::backend::gathers::small;
 use crate::backend::rank::RankCtx;
 use crate::backend::tensor::RtpTensor;
 use crate::comm::collectives::all_gather;
@@ -37,10 +38,15 @@ pub(crate) fn gathered<B: Backend>(t: RtpTensor<B>, op: &'static str) -> (Held<B
     match &t.layout {
         Layout::Sharded(_) => {
             t.ctx.note_fallback(op, &[t.dims()]);
-            (
-                all_gather(&t.ctx.comm, &t.inner, &t.layout, op, Category::Local),
-                false,
-            )
+            let ctx = t.ctx.clone();
+            let layout = t.layout.clone();
+            let source = t.held();
+            if let Some(full) = ctx.gathers.lock().unwrap().find(&source, &layout) {
+                return (full, false);
+            }
+            let full = all_gather(&ctx.comm, &source, &layout, op, Category::Local);
+            ctx.gathers.lock().unwrap().keep(&source, &layout, &full);
+            (full, false)
         }
         Layout::Replicated => (t.held(), true),
         Layout::Local => (t.held(), false),
@@ -236,6 +242,11 @@ pub(crate) fn reshaped<B: Backend>(
             let new_spec = spec.with_full(new_full);
             let shard_shape = new_spec.shard_shape(t.ctx.comm.rank);
             let inner = f(t.inner.clone(), Some(shard_shape));
+            if small(&t.layout, t.dtype().size()) {
+                // A small parameter's reshapes share its identity, so that a kept gather of
+                // it is found again (see `backend::gathers`).
+                return t.view(inner, Layout::Sharded(new_spec));
+            }
             t.derive(inner, Layout::Sharded(new_spec))
         }
         Layout::Sharded(_) => full_op(t, op, |x| f(x, None)),
