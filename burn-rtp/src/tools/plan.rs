@@ -36,10 +36,13 @@
 //! report (`benches/report/report.md`, "Memory planner") sets it beside the ledger's peak of
 //! a two-step run at 48 points (12 configurations of the bench's GPT, d_model 64 to 768 and
 //! 1 to 6 layers, at N = 2, 3, 4 or 8, under DDP, FSDP and RTP in both rotation modes, 4
-//! sequences per rank): model state was predicted exactly at all 48, and the peak within 6.0%
-//! either side, from 6.0% under to 4.6% over, under at 37 of the 48. That is the claim the
-//! measurements support: within about 6% of the ledger's peak, either side, on that grid; a
-//! model, batch or world outside it can fall further.
+//! sequences per rank): model state was predicted exactly at all 48, and the peak from 4.8%
+//! under to 4.6% over, under at 36 of the 48. That is the claim the measurements support:
+//! within about 5% of the ledger's peak, either side, on that grid; a model, batch or world
+//! outside it can fall further. With balanced activation checkpointing (the report's
+//! activation section, the same grid) the peak fell from 8.1% under to 10.1% over: under it
+//! RTP's Linears whose input is recomputed send their weight gradients in passes of their
+//! own, and hold fewer buffers at once than the four this model counts.
 //!
 //! The prediction is of bytes alive; allocator overhead (the resident set) is not modelled.
 //! The operating system's figure for a process (its peak resident set) adds the program's
@@ -49,8 +52,8 @@
 //! `MALLOC_MMAP_THRESHOLD_=131072` fixes the threshold so that freed tensors leave the
 //! resident set. The MPI scaling report (`benches/report/mpi/report.md`, "Memory planner
 //! against the resident set") measures both at 9 points (N = 2 to 4): the prediction fell
-//! short of the growth of the peak resident set at every one, by 4.1% to 14.1% of it with
-//! the threshold fixed and by 13.2% to 22.0% with glibc's default. To budget a process's
+//! short of the growth of the peak resident set at every one, by 4.3% to 14.6% of it with
+//! the threshold fixed and by 13.8% to 25.4% with glibc's default. To budget a process's
 //! memory rather than the ledger's, add that much.
 //!
 //! # Activation checkpointing
