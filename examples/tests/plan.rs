@@ -80,9 +80,27 @@ fn the_recommendation_fits_when_trained() {
             .min()
             .unwrap()
     };
-    // Checkpointing saves memory on this model, at every world.
+    // Checkpointing saves memory on this model, at every world. Every Linear of the GPT
+    // reads a recomputed input under it, so RTP's backward runs two passes per layer and
+    // holds two bundles at a time instead of four.
+    let rtp = |ac, n| {
+        planner.predict_with(
+            ac,
+            burn_rtp::Strategy::Rtp,
+            burn_rtp::RotationMode::OutOfPlace,
+            n,
+            per_rank,
+        )
+    };
     for n in [1, 2, 3, 4] {
         assert!(best(Balanced, n) < best(Plain, n), "N = {n}");
+    }
+    for n in [3, 4] {
+        assert_eq!(
+            2 * rtp(Balanced, n).in_flight,
+            rtp(Plain, n).in_flight,
+            "N = {n}"
+        );
     }
     // A budget between the best plain plans at N = 2 and at N = 3: without checkpointing
     // N = 3 fits first; with it, as the planner sees it.

@@ -28,6 +28,9 @@ pub struct RankCtx<B: Backend> {
     inputs_held: AtomicBool,
     /// Gathered copies of small sharded tensors, kept while their source lives.
     pub(crate) gathers: Mutex<crate::backend::gathers::Gathers<B>>,
+    /// The weight shapes whose Linear backward ran as two passes (dX, then dW on its own),
+    /// because autodiff recomputed the input: the planner's probe reads them.
+    pub(crate) split_passes: Mutex<Vec<Vec<usize>>>,
     pub(crate) index_id: u16,
 }
 
@@ -197,6 +200,7 @@ pub(crate) fn new_rank_ctx<B: Backend>(
         comm,
         pairing: Mutex::new(Default::default()),
         gathers: Mutex::new(Default::default()),
+        split_passes: Mutex::new(Vec::new()),
         inputs_held: AtomicBool::new(false),
         persistent: AtomicUsize::new(0),
         param_stream: AtomicU64::new(0),

@@ -19,10 +19,12 @@
 //! * **In-flight buffers**, from the shapes: RTP holds a received bundle (a weight shard and
 //!   its bias shard) and the next one being received, and in the backward pass the
 //!   travelling gradient of each, so 4 bundles of the largest layer (3 at N = 2, where the
-//!   first is the rank's own); FSDP holds a layer's
-//!   gathered weight and bias while it computes, and in the backward pass while the next
-//!   parts arrive, `(2 - 1/N)` full bundles; DDP all-reduces one gradient at a time in chunks
-//!   of `1/N`, one chunk in flight, into a full-size sum.
+//!   first is the rank's own). A layer whose input autodiff recomputes (activation
+//!   checkpointing) runs its backward as two passes, the bundles rotating for dX and then the
+//!   gradients travelling for dW, and holds 2 at a time; the probe records which layers did.
+//!   FSDP holds a layer's gathered weight and bias while it computes, and in the backward
+//!   pass while the next parts arrive, `(2 - 1/N)` full bundles; DDP all-reduces one
+//!   gradient at a time in chunks of `1/N`, one chunk in flight, into a full-size sum.
 //! * **The peak of the sum**, phase by phase. The probe records what the highest peak of
 //!   the forward and backward passes, and of the optimizer's update, were made of at N = 1
 //!   ([`RtpOptimizer`](crate::RtpOptimizer) marks the phases): model state in parameter
@@ -40,9 +42,7 @@
 //! under to 4.6% over, under at 36 of the 48. That is the claim the measurements support:
 //! within about 5% of the ledger's peak, either side, on that grid; a model, batch or world
 //! outside it can fall further. With balanced activation checkpointing (the report's
-//! activation section, the same grid) the peak fell from 8.1% under to 10.1% over: under it
-//! RTP's Linears whose input is recomputed send their weight gradients in passes of their
-//! own, and hold fewer buffers at once than the four this model counts.
+//! activation section, the same grid) the peak fell from 8.2% under to 4.7% over.
 //!
 //! The prediction is of bytes alive; allocator overhead (the resident set) is not modelled.
 //! The operating system's figure for a process (its peak resident set) adds the program's
@@ -248,8 +248,11 @@ pub struct Planner {
     elem: usize,
     config: PlanConfig,
     probes: Probes,
-    /// The probes under balanced activation checkpointing, once taken.
-    checkpointed: Option<Probes>,
+    /// The weights whose backward the probe saw run as two passes (see [`Self::buffers`]).
+    split: Vec<Shape>,
+    /// The probes under balanced activation checkpointing, once taken, and their split
+    /// weights.
+    checkpointed: Option<(Probes, Vec<Shape>)>,
 }
 
 /// What the probe measured, per strategy.
@@ -326,12 +329,13 @@ impl Planner {
         M: Module<B>,
         F: Fn(&RtpDevice<I>, usize) -> M + Send + Sync,
     {
-        let (shapes, elem, probes) = measure::<I, B, M, F>(&config, step)?;
+        let (shapes, elem, probes, split) = measure::<I, B, M, F>(&config, step)?;
         Ok(Self {
             shapes,
             elem,
             config,
             probes,
+            split,
             checkpointed: None,
         })
     }
@@ -394,7 +398,7 @@ impl Planner {
         M: Module<B>,
         F: Fn(&RtpDevice<I>, usize) -> M + Send + Sync,
     {
-        let (shapes, _, probes) = measure::<I, B, M, F>(&self.config, step)?;
+        let (shapes, _, probes, split) = measure::<I, B, M, F>(&self.config, step)?;
         if shapes != self.shapes {
             return Err(PlanError::Config(format!(
                 "the checkpointed probe built other parameters ({} shapes) than the first \
@@ -403,7 +407,7 @@ impl Planner {
                 self.shapes.len()
             )));
         }
-        self.checkpointed = Some(probes);
+        self.checkpointed = Some((probes, split));
         Ok(self)
     }
 
@@ -431,7 +435,7 @@ impl Planner {
         match checkpointing {
             ActivationCheckpointing::None => Some(pick(&self.probes, strategy)),
             ActivationCheckpointing::Balanced => {
-                self.checkpointed.as_ref().map(|p| pick(p, strategy))
+                self.checkpointed.as_ref().map(|(p, _)| pick(p, strategy))
             }
         }
     }
@@ -468,8 +472,14 @@ impl Planner {
     }
 
     /// Rank 0's in-flight bytes at the two moments that can make the peak (see the module
-    /// docs for the rule of each strategy).
+    /// docs for the rule of each strategy), without activation checkpointing.
     pub fn buffers(&self, strategy: Strategy, world: usize) -> Buffers {
+        self.buffers_of(strategy, world, &self.split)
+    }
+
+    /// [`Self::buffers`] where the weights of shapes `split` run their backward as two
+    /// passes (dX with the weight rotating, then dW travelling on its own), as the probe saw.
+    fn buffers_of(&self, strategy: Strategy, world: usize, split: &[Shape]) -> Buffers {
         if world == 1 {
             return Buffers::default();
         }
@@ -477,11 +487,12 @@ impl Planner {
         let sharded = |s: &Shape| placement(strategy, s, world, t).is_some();
         let full = |s: &Shape| (s.num_elements() * self.elem) as u64;
         let shard = |s: &Shape| rank0_shard_bytes(s, world, self.elem);
-        // A layer's bundle: a weight of two or more dimensions and the bias after it.
-        let bundles = |size: &dyn Fn(&Shape) -> u64| -> u64 {
+        // A layer's bundle: a weight of two or more dimensions and the bias after it; the
+        // largest among the layers `keep` accepts.
+        let largest = |size: &dyn Fn(&Shape) -> u64, keep: &dyn Fn(&Shape) -> bool| -> u64 {
             let mut best = 0;
             for (i, s) in self.shapes.iter().enumerate() {
-                if s.num_dims() < 2 || !sharded(s) {
+                if s.num_dims() < 2 || !sharded(s) || !keep(s) {
                     continue;
                 }
                 let mut bytes = size(s);
@@ -495,18 +506,25 @@ impl Planner {
             }
             best
         };
+        let bundles = |size: &dyn Fn(&Shape) -> u64| largest(size, &|_| true);
         match strategy {
             Strategy::Rtp => {
                 let bundle = bundles(&shard);
+                let is_split = |s: &Shape| split.contains(s);
+                let whole = largest(&shard, &|s| !is_split(s));
+                let halves = largest(&shard, &is_split);
                 // Forward: the bundle computed on and the next one arriving. Backward: those
                 // two, the travelling gradient and the next one; at N = 2 the first bundle on
                 // hand is the rank's own (model state). With rendezvous sends (the in-process
                 // default, and MPI's protocol for large messages) no sent bundle outlives its
                 // exchange; buffered in-process sends let a rank run ahead and keep several,
-                // as many as the scheduling allows, which this rule does not model.
+                // as many as the scheduling allows, which this rule does not model. A layer
+                // whose backward runs as two passes (its input recomputed under activation
+                // checkpointing) holds two at a time: the rotating bundles for dX, then the
+                // travelling gradients for dW.
                 Buffers {
                     forward: 2 * bundle,
-                    backward: if world == 2 { 3 } else { 4 } * bundle,
+                    backward: (if world == 2 { 3 } else { 4 } * whole).max(2 * halves),
                     update: 0,
                 }
             }
@@ -574,7 +592,11 @@ impl Planner {
             )
         });
         let params = self.param_bytes(strategy, world) as f64;
-        let buffers = self.buffers(strategy, world);
+        let split = match (checkpointing, &self.checkpointed) {
+            (ActivationCheckpointing::Balanced, Some((_, split))) => split,
+            _ => &self.split,
+        };
+        let buffers = self.buffers_of(strategy, world, split);
         let share = params / self.param_bytes(Strategy::Ddp, 1).max(1) as f64;
         // The probe's local bytes at a batch of zero are weight-sized temporaries (gradient
         // contributions, gathered copies), which shrink with the rank's share of the model.
@@ -605,7 +627,7 @@ impl Planner {
             batch,
             model_state: self.model_state(strategy, world),
             activations,
-            in_flight: self.in_flight(strategy, world),
+            in_flight: buffers.forward.max(buffers.backward).max(buffers.update),
             total: forward.max(backward).max(update),
         }
     }
@@ -672,7 +694,11 @@ fn pick(probes: &Probes, strategy: Strategy) -> Probe {
 
 /// Runs the probe's steps for every strategy at both probe batches (see [`Planner::probe`]):
 /// the parameter shapes, their element size and each strategy's figures.
-fn measure<I, B, M, F>(config: &PlanConfig, step: F) -> RtpResult<(Vec<Shape>, usize, Probes)>
+#[allow(clippy::type_complexity)]
+fn measure<I, B, M, F>(
+    config: &PlanConfig,
+    step: F,
+) -> RtpResult<(Vec<Shape>, usize, Probes, Vec<Shape>)>
 where
     I: Backend,
     B: Backend<Device = RtpDevice<I>>,
@@ -681,6 +707,7 @@ where
 {
     let (b1, b2) = config.probe_batches;
     let mut shapes = None;
+    let mut split: Vec<Shape> = Vec::new();
     let mut probes = [Strategy::Rtp, Strategy::Fsdp, Strategy::Ddp].map(|s| (s, Probe::default()));
     for (strategy, probe) in probes.iter_mut() {
         let mut at = Vec::new();
@@ -710,9 +737,16 @@ where
                     compute,
                     update,
                 };
-                (visitor.shapes, visitor.elem, measured)
+                let halves = device.ctx.split_passes.lock().unwrap().clone();
+                (visitor.shapes, visitor.elem, measured, halves)
             })?;
-            let (s, elem, measured) = out.remove(0);
+            let (s, elem, measured, halves) = out.remove(0);
+            for h in halves {
+                let h = Shape::from(h);
+                if !split.contains(&h) {
+                    split.push(h);
+                }
+            }
             shapes.get_or_insert((s, elem));
             at.push(measured);
         }
@@ -732,7 +766,7 @@ where
         };
     }
     let (shapes, elem) = shapes.expect("probed");
-    Ok((shapes, elem, probes))
+    Ok((shapes, elem, probes, split))
 }
 
 /// Rank 0's bytes of one copy of every parameter.

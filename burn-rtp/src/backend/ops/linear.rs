@@ -283,6 +283,11 @@ pub(super) fn x_backward<B: RotationKernels>(
                 // and the layouts for the weight's call, which sends dW around on its own.
                 let g = backward_pass(&ctx, &spec, w, None, &dy, None);
                 leave_layouts(dy_id, guess);
+                let mut split = ctx.split_passes.lock().unwrap();
+                if !split.contains(&spec.full.to_vec()) {
+                    split.push(spec.full.to_vec());
+                }
+                drop(split);
                 return local(&ctx, g.dx.expect("the weight rotated"));
             };
             let bias_layout = guess.bias_layout;
