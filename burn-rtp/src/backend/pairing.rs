@@ -36,6 +36,7 @@ use crate::state::accounting::Charge;
 use crate::state::accounting::{Float, Held};
 use crate::state::sharding::Layout;
 use burn::tensor::backend::Backend;
+use std::collections::{HashMap, HashSet};
 use std::sync::Weak;
 
 /// Forward records kept at most: far more Linear calls than one graph of a large model holds.
@@ -190,19 +191,14 @@ impl<B: Backend> Pairing<B> {
     pub fn record(&mut self, forward: Forward<B>) {
         self.release_inputs();
         self.forwards.retain(Forward::weight_alive);
-        // Of the released records of one weight, the newest stays.
-        let mut seen: Vec<Identity> = Vec::new();
-        for i in (0..self.forwards.len()).rev() {
-            let f = &self.forwards[i];
-            if f.x.is_some() {
-                continue;
-            }
-            if seen.iter().any(|w| same(w, &f.weight)) {
-                self.forwards.remove(i);
-            } else {
-                seen.push(f.weight.clone());
-            }
-        }
+        // Of the released records of one weight, the newest stays (one pass, newest first:
+        // a model's records number six or so a block, and this runs at every Linear).
+        let mut seen = HashSet::new();
+        let keep: Vec<bool> = (self.forwards.iter().rev())
+            .map(|f| f.x.is_some() || seen.insert(f.weight.as_ptr()))
+            .collect();
+        let mut keep = keep.into_iter().rev();
+        self.forwards.retain(|_| keep.next().unwrap_or(true));
         if self.forwards.len() >= MAX_RECORDS {
             self.forwards.remove(0);
         }
@@ -213,21 +209,21 @@ impl<B: Backend> Pairing<B> {
     /// same `x`, such as attention's query, key and value, hold it together, so each one's
     /// hold is counted). Returns whether some record still holds its `x`.
     pub fn release_inputs(&mut self) -> bool {
-        let holds = |fs: &[Forward<B>], id: &Identity| {
-            fs.iter()
-                .filter(|f| f.x.is_some() && same(&f.x_id, id))
-                .count()
-        };
-        let released: Vec<usize> = (0..self.forwards.len())
-            .filter(|&i| {
-                let f = &self.forwards[i];
-                f.x.is_some() && f.x_id.strong_count() <= holds(&self.forwards, &f.x_id)
-            })
-            .collect();
-        for i in released {
-            self.forwards[i].x = None;
+        // One pass to count the holds, one to release: this runs whenever the rank makes a
+        // local tensor while some record holds its input.
+        let mut holds: HashMap<*const Charge, usize> = HashMap::new();
+        for f in self.forwards.iter().filter(|f| f.x.is_some()) {
+            *holds.entry(f.x_id.as_ptr()).or_default() += 1;
         }
-        self.forwards.iter().any(|f| f.x.is_some())
+        let mut any = false;
+        for f in self.forwards.iter_mut().filter(|f| f.x.is_some()) {
+            if f.x_id.strong_count() <= holds[&f.x_id.as_ptr()] {
+                f.x = None;
+            } else {
+                any = true;
+            }
+        }
+        any
     }
 
     /// For `linear_x_backward(weight, dy)`: the record of the most recent forward with this

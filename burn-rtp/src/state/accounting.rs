@@ -398,12 +398,7 @@ impl<B: Backend> Held<B> {
     /// Whether this is the only handle to the tensor's charge (no wrapper or other `Held`
     /// holds it any more).
     pub(crate) fn alone(&self) -> bool {
-        self.holders() == 1
-    }
-
-    /// How many handles (wrappers and `Held`s) share the tensor's charge.
-    pub(crate) fn holders(&self) -> usize {
-        Arc::strong_count(&self.charge)
+        Arc::strong_count(&self.charge) == 1
     }
 
     /// What the tensor is charged as.
