@@ -19,6 +19,8 @@ pub enum Bound {
     AtMost(f64),
     /// At least this value (higher is better).
     AtLeast(f64),
+    /// Between these values, both included (a ratio that should be near 1).
+    Between(f64, f64),
     /// Reported without a target.
     Reported,
 }
@@ -176,6 +178,61 @@ pub const MPI: &[Figure] = &[
     ),
 ];
 
+/// The shaped-network report's headline figures (`benches/report/net/report.json`): config A
+/// at N = 2 over 2 hosts, and the wire bytes of every cell.
+pub const NET: &[Figure] = &[
+    fig(
+        "net_rtp_hidden_fraction_a_n2",
+        "RTP's share of wire time hidden under rotation compute, config A, N=2, slowest link predicted to hide it",
+        Bound::AtLeast(0.8),
+    ),
+    fig(
+        "net_rtp_step_over_unshaped_a_n2",
+        "RTP step time on that link / on the unshaped link, config A, N=2",
+        Bound::AtMost(1.10),
+    ),
+    fig(
+        "net_crossover_measured_over_predicted_a_n2",
+        "link rate where RTP's step time stops falling, measured / predicted, config A, N=2",
+        Bound::Between(0.7, 1.3),
+    ),
+    fig(
+        "net_rtp_over_ddp_step_slowest_a_n2",
+        "RTP / DDP step time on the slowest link, config A, N=2",
+        Bound::Reported,
+    ),
+    fig(
+        "net_wire_bytes_over_count_max",
+        "largest relative deviation of the bytes sent per rank per step from the algorithm's count, every strategy, link and cell",
+        Bound::AtMost(0.05),
+    ),
+];
+
+/// Config B's twins of [`NET`]'s figures, where its links allowed a measurement (they may be
+/// missing: B's predicted rate can lie above what a veth link carries here).
+pub const NET_B: &[Figure] = &[
+    fig(
+        "net_rtp_hidden_fraction_b_n2",
+        "RTP's share of wire time hidden under rotation compute, config B, N=2, slowest link predicted to hide it",
+        Bound::AtLeast(0.8),
+    ),
+    fig(
+        "net_rtp_step_over_unshaped_b_n2",
+        "RTP step time on that link / on the unshaped link, config B, N=2",
+        Bound::AtMost(1.10),
+    ),
+    fig(
+        "net_crossover_measured_over_predicted_b_n2",
+        "link rate where RTP's step time stops falling, measured / predicted, config B, N=2",
+        Bound::Between(0.7, 1.3),
+    ),
+    fig(
+        "net_rtp_over_ddp_step_slowest_b_n2",
+        "RTP / DDP step time on the slowest link, config B, N=2",
+        Bound::Reported,
+    ),
+];
+
 /// A report's value for `key`, if it is a finite number.
 pub fn value(report: &Value, key: &str) -> Option<f64> {
     report
@@ -200,12 +257,20 @@ pub fn check_keys(figures: &[Figure], report: &Value) -> Result<(), String> {
 
 /// Whether `v` meets `bound`, and by how much it misses if not, in words.
 pub fn verdict(v: f64, bound: Bound) -> String {
+    if v.is_nan() && bound != Bound::Reported {
+        return "not measured".into();
+    }
     match bound {
         Bound::Reported => String::new(),
         Bound::AtMost(t) if v <= t => "met".into(),
         Bound::AtLeast(t) if v >= t => "met".into(),
+        Bound::Between(lo, hi) if (lo..=hi).contains(&v) => "met".into(),
         Bound::AtMost(t) => format!("missed by {:.0}%", (v / t - 1.0) * 100.0),
         Bound::AtLeast(t) => format!("missed: {:.0}% of the target", v / t * 100.0),
+        Bound::Between(lo, _) if v < lo => {
+            format!("missed: {:.0}% below {lo}", (1.0 - v / lo) * 100.0)
+        }
+        Bound::Between(_, hi) => format!("missed: {:.0}% above {hi}", (v / hi - 1.0) * 100.0),
     }
 }
 
@@ -213,6 +278,7 @@ fn bound_text(bound: Bound) -> String {
     match bound {
         Bound::AtMost(t) => format!("≤ {t}"),
         Bound::AtLeast(t) => format!("≥ {t}"),
+        Bound::Between(lo, hi) => format!("{lo} to {hi}"),
         Bound::Reported => "–".into(),
     }
 }
@@ -241,6 +307,8 @@ pub mod committed {
     pub const IN_PROCESS: &str = "benches/report/report.json";
     /// The MPI scaling report (2 cores).
     pub const MPI: &str = "benches/report/mpi/report.json";
+    /// The shaped-network report (network namespaces, 2 cores).
+    pub const NET: &str = "benches/report/net/report.json";
     /// The quick start's run: `gpt --report` at its default settings.
     pub const QUICKSTART: &str = "benches/report/quickstart/report.json";
 }
@@ -423,6 +491,7 @@ mod tests {
         )
         .unwrap();
         check_keys(MPI, &read_json(&root(), committed::MPI).unwrap()).unwrap();
+        check_keys(NET, &read_json(&root(), committed::NET).unwrap()).unwrap();
         let quick = QuickstartRun::read(&root().join(committed::QUICKSTART)).unwrap();
         assert!(quick.worst_state_ratio().is_finite() && quick.worst_state_ratio() > 0.0);
     }

@@ -6,6 +6,7 @@ pub mod burn_ddp;
 pub mod checkpointing;
 pub mod figures;
 pub mod mpi_report;
+pub mod net_report;
 pub mod peer_mlp;
 pub mod planner_check;
 pub mod report;

@@ -86,6 +86,13 @@ pub struct JobResult {
     /// Each rank's communication-thread pacing at the end of the job, and why.
     #[serde(default)]
     pub progress: Vec<String>,
+    /// Each rank's bytes of tensor data sent per timed step, counted by its transport.
+    #[serde(default)]
+    pub sent_bytes_per_step: Vec<f64>,
+    /// Each rank's time per timed step computing inside rotations (the timeline's compute
+    /// intervals), in seconds: the time a rotating shard's transfer can hide under.
+    #[serde(default)]
+    pub rotation_compute_s_per_step: Vec<f64>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -96,6 +103,8 @@ struct RankFigures {
     overlap: Option<f64>,
     in_waits: Option<f64>,
     progress: String,
+    sent_per_step: f64,
+    compute_per_step: f64,
 }
 
 /// Runs `job` as this process's rank of an MPI job (inside `mpirun`).
@@ -135,9 +144,11 @@ fn rank_job<C: CheckpointStrategy>(
     let mut model: Gpt<B<C>> = job.model.init::<B<C>>(&device);
     let mut optim = RtpOptimizer::new(AdamConfig::new().init::<B<C>, Gpt<B<C>>>());
     let mut step_s = Vec::new();
+    let mut sent_before = device.sent_bytes();
     for step in 0..job.warmup + job.steps {
         if step == job.warmup {
             device.record_timeline(true);
+            sent_before = device.sent_bytes();
         }
         device.barrier();
         let t0 = Instant::now();
@@ -152,6 +163,7 @@ fn rank_job<C: CheckpointStrategy>(
             step_s.push(t0.elapsed().as_secs_f64());
         }
     }
+    let sent = device.sent_bytes() - sent_before;
     let timeline = device.take_timeline();
     device.record_timeline(false);
     if let Some(stem) = &job.timeline {
@@ -171,6 +183,13 @@ fn rank_job<C: CheckpointStrategy>(
         overlap: burn_rtp::timeline::hidden_transfer_fraction(&timeline),
         in_waits: burn_rtp::timeline::transfer_share_during(&timeline, IntervalKind::Wait),
         progress: device.progress_policy().unwrap_or_default(),
+        sent_per_step: sent as f64 / job.steps.max(1) as f64,
+        compute_per_step: timeline
+            .iter()
+            .filter(|i| i.kind == IntervalKind::Compute)
+            .map(|i| i.end - i.start)
+            .sum::<f64>()
+            / job.steps.max(1) as f64,
     };
     let all = device.all_gather_json(&own);
     (rank == 0).then(|| JobResult {
@@ -181,6 +200,8 @@ fn rank_job<C: CheckpointStrategy>(
         baseline_rss_bytes: all.iter().map(|f| f.baseline).collect(),
         overlap: all.iter().map(|f| f.overlap).collect(),
         wire_in_waits: all.iter().map(|f| f.in_waits).collect(),
+        sent_bytes_per_step: all.iter().map(|f| f.sent_per_step).collect(),
+        rotation_compute_s_per_step: all.iter().map(|f| f.compute_per_step).collect(),
         progress: all.into_iter().map(|f| f.progress).collect(),
     })
 }
@@ -298,7 +319,6 @@ fn run_job(
     as_limit: Option<u64>,
     env: &[(&str, &str)],
 ) -> Result<Option<JobResult>, String> {
-    let _ = std::fs::remove_file(&job.out);
     let mut cmd = Command::new("mpirun");
     cmd.args(["--oversubscribe", "--allow-run-as-root", "-np"])
         .arg(ranks.to_string());
@@ -309,19 +329,42 @@ fn run_job(
     if let Some(limit) = as_limit {
         cmd.arg("prlimit").arg(format!("--as={limit}"));
     }
+    cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    let what = format!("{} at -np {ranks}", job.variant.name());
+    job_output(
+        worker_command(cmd, exe, job),
+        job,
+        &what,
+        as_limit.is_some(),
+    )
+}
+
+/// `cmd` (a launcher) with `exe` as the MPI worker running `job`.
+pub(crate) fn worker_command(mut cmd: Command, exe: &Path, job: &Job) -> Command {
     cmd.arg(exe)
         .arg("--mpi-worker")
-        .arg(serde_json::to_string(job).expect("serialisable"))
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+        .arg(serde_json::to_string(job).expect("serialisable"));
+    cmd
+}
+
+/// Runs the launcher `cmd` of `job` and reads the job's result. A failed job is an error
+/// naming `what`, or `Ok(None)` where `failure_is_none` (the capacity search reads it as "does
+/// not fit").
+pub(crate) fn job_output(
+    mut cmd: Command,
+    job: &Job,
+    what: &str,
+    failure_is_none: bool,
+) -> Result<Option<JobResult>, String> {
+    let _ = std::fs::remove_file(&job.out);
     let out = cmd
         .output()
-        .map_err(|e| format!("cannot start mpirun (is Open MPI installed?): {e}"))?;
+        .map_err(|e| format!("cannot start {what} (is Open MPI installed?): {e}"))?;
     if !out.status.success() {
-        if as_limit.is_none() {
+        if !failure_is_none {
             return Err(format!(
-                "{} at -np {ranks} failed ({}):\n{}",
-                job.variant.name(),
+                "{what} failed ({}):\n{}",
                 out.status,
                 String::from_utf8_lossy(&out.stderr)
                     .lines()

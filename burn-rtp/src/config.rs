@@ -384,15 +384,32 @@ pub struct MpiLaunch {
 }
 
 /// Reads the launcher's environment: Open MPI's `OMPI_COMM_WORLD_SIZE` / `OMPI_COMM_WORLD_RANK`,
-/// or the `PMI_SIZE` / `PMI_RANK` of MPICH-style launchers (with `OMPI_COMM_WORLD_LOCAL_SIZE` or
-/// MPICH's `MPI_LOCALNRANKS` for the processes on this host). `None` outside such a job.
+/// the `PMI_SIZE` / `PMI_RANK` of MPICH-style launchers, or, under Slurm's `srun --mpi=pmix`,
+/// `SLURM_STEP_NUM_TASKS` / `PMIX_RANK` (with `OMPI_COMM_WORLD_LOCAL_SIZE`, MPICH's
+/// `MPI_LOCALNRANKS` or Slurm's `SLURM_STEP_TASKS_PER_NODE` for the processes on this host).
+/// `None` outside such a job.
 pub fn mpi_launch() -> Option<MpiLaunch> {
-    let read = |name: &str| std::env::var(name).ok()?.trim().parse::<usize>().ok();
+    launch_from(|name| std::env::var(name).ok())
+}
+
+/// [`mpi_launch`] over any source of variables (tests give it a map).
+fn launch_from(var: impl Fn(&str) -> Option<String>) -> Option<MpiLaunch> {
+    let read = |name: &str| var(name)?.trim().parse::<usize>().ok();
     let pair = |size: &str, rank: &str| Some((read(size)?, read(rank)?));
     let (size, rank) = pair("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK")
-        .or_else(|| pair("PMI_SIZE", "PMI_RANK"))?;
+        .or_else(|| pair("PMI_SIZE", "PMI_RANK"))
+        .or_else(|| pair("SLURM_STEP_NUM_TASKS", "PMIX_RANK"))?;
+    // Slurm writes tasks per node as `2(x3),1`: this host's count is the largest, as an upper
+    // bound (pacing only needs to know whether ranks share the host's cores).
+    let slurm_local = || {
+        var("SLURM_STEP_TASKS_PER_NODE")?
+            .split(',')
+            .filter_map(|part| part.split('(').next()?.trim().parse::<usize>().ok())
+            .max()
+    };
     let local_size = read("OMPI_COMM_WORLD_LOCAL_SIZE")
         .or_else(|| read("MPI_LOCALNRANKS"))
+        .or_else(slurm_local)
         .unwrap_or(size);
     Some(MpiLaunch {
         rank,
@@ -431,6 +448,42 @@ mod tests {
         assert_eq!(
             "tcp".parse::<TransportKind>().unwrap_err(),
             "unknown transport `tcp`: expected `in-process` or `mpi`"
+        );
+    }
+
+    fn launch_with(vars: &[(&str, &str)]) -> Option<MpiLaunch> {
+        let vars: std::collections::HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        launch_from(|name| vars.get(name).cloned())
+    }
+
+    /// Each launcher's variables give the world, Open MPI's first; Slurm's PMIx launch counts
+    /// this host's tasks from its tasks-per-node list.
+    #[test]
+    fn every_launcher_s_variables_give_the_world() {
+        let ompi = launch_with(&[
+            ("OMPI_COMM_WORLD_SIZE", "4"),
+            ("OMPI_COMM_WORLD_RANK", "3"),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "2"),
+            ("PMI_SIZE", "9"),
+            ("PMI_RANK", "8"),
+        ])
+        .unwrap();
+        assert_eq!((ompi.size, ompi.rank, ompi.local_size), (4, 3, 2));
+        let pmi = launch_with(&[("PMI_SIZE", "3"), ("PMI_RANK", "1")]).unwrap();
+        assert_eq!((pmi.size, pmi.rank, pmi.local_size), (3, 1, 3));
+        let slurm = launch_with(&[
+            ("SLURM_STEP_NUM_TASKS", "5"),
+            ("PMIX_RANK", "4"),
+            ("SLURM_STEP_TASKS_PER_NODE", "2(x2),1"),
+        ])
+        .unwrap();
+        assert_eq!((slurm.size, slurm.rank, slurm.local_size), (5, 4, 2));
+        assert!(launch_with(&[("PMIX_RANK", "0")]).is_none());
+        assert!(
+            launch_with(&[("OMPI_COMM_WORLD_SIZE", "x"), ("OMPI_COMM_WORLD_RANK", "0")]).is_none()
         );
     }
 }

@@ -406,3 +406,131 @@ pub fn assert_resumes_exactly(
         "resuming after the signal must continue bit for bit"
     );
 }
+
+/// What the MPI suites share: the jobs a child process runs, and how a parent reads them.
+#[cfg(feature = "mpi")]
+pub mod mpi {
+    use super::tiny;
+    use burn_rtp_examples::{train, GptConfig, Report, TrainConfig};
+    use std::path::{Path, PathBuf};
+    use std::process::{Child, Command, Output};
+    use std::time::{Duration, Instant};
+
+    type Inner = burn::backend::NdArray;
+
+    /// Steps of the equivalence runs.
+    pub const STEPS: usize = 4;
+
+    /// The configuration a child trains, read from the variables its parent set.
+    pub fn child_config() -> TrainConfig {
+        let var = |name: &str| std::env::var(name).unwrap_or_else(|_| panic!("{name} is set"));
+        let np: usize = var("OMPI_COMM_WORLD_SIZE").parse().unwrap();
+        let mut cfg = tiny(var("RTP_TEST_STRATEGY").parse().unwrap(), np, STEPS);
+        cfg.rotation = var("RTP_TEST_ROTATION").parse().unwrap();
+        if let Ok(steps) = std::env::var("RTP_TEST_STEPS") {
+            cfg.steps = steps.parse().unwrap();
+        }
+        if let Ok(secs) = std::env::var("RTP_TEST_PEER_TIMEOUT") {
+            cfg.peer_timeout = Some(Duration::from_secs_f64(secs.parse().unwrap()));
+        }
+        if let Ok(d_model) = std::env::var("RTP_TEST_D_MODEL") {
+            cfg.model = GptConfig::new(8, d_model.parse().unwrap(), 1, 4);
+        }
+        if let Ok(progress) = std::env::var("RTP_TEST_MPI_PROGRESS") {
+            cfg.mpi_progress = progress.parse().unwrap();
+        }
+        if std::env::var_os("RTP_TEST_KEEP_MALLOC_ARENAS").is_some() {
+            cfg.one_malloc_arena = false;
+        }
+        cfg
+    }
+
+    pub fn mpi_rank() -> usize {
+        burn_rtp::transport::mpi_launch()
+            .expect("started by mpirun")
+            .rank
+    }
+
+    pub fn text(out: &Output) -> String {
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    }
+
+    pub fn losses(cfg: &TrainConfig) -> Vec<f64> {
+        let mut cfg = cfg.clone();
+        cfg.transport = Some(burn_rtp::TransportKind::InProcess);
+        train::<Inner>(&cfg, |_| Default::default(), None)
+            .unwrap()
+            .report
+            .losses
+    }
+
+    pub fn read_report(path: &Path) -> Report {
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    }
+
+    /// Waits for the job to end, at most `limit`.
+    pub fn wait_at_most(child: Child, limit: Duration) -> Output {
+        let id = child.id();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(child.wait_with_output());
+        });
+        match rx.recv_timeout(limit) {
+            Ok(out) => out.unwrap(),
+            Err(_) => {
+                let _ = Command::new("kill").args(["-9", &id.to_string()]).status();
+                panic!("the job was still running {limit:?} after the fault: a hang");
+            }
+        }
+    }
+
+    /// Waits until every rank wrote its pid, then lets it train a little.
+    pub fn pids(dir: &Path, np: usize) -> Vec<String> {
+        let started = Instant::now();
+        loop {
+            let pids: Vec<_> = (0..np)
+                .filter_map(|r| std::fs::read_to_string(dir.join(format!("pid.{r}"))).ok())
+                .collect();
+            if pids.len() == np {
+                std::thread::sleep(Duration::from_secs(2));
+                return pids;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "the ranks did not start"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// A child's job: trains as the variables ask; rank 0 writes its report to
+    /// `RTP_TEST_REPORT`.
+    pub fn child_train() {
+        let cfg = child_config();
+        let out = train::<Inner>(&cfg, |_| Default::default(), None)
+            .unwrap_or_else(|e| panic!("rank {}: {e}", mpi_rank()));
+        if out.rank == 0 {
+            let path = std::env::var("RTP_TEST_REPORT").unwrap();
+            std::fs::write(path, serde_json::to_string(&out.report).unwrap()).unwrap();
+        }
+    }
+
+    /// A child's job that writes its pid to `RTP_TEST_DIR/pid.<rank>` first, for a parent
+    /// that brings a fault on while it trains.
+    pub fn child_train_until_killed() {
+        let dir = PathBuf::from(std::env::var("RTP_TEST_DIR").unwrap());
+        std::fs::write(
+            dir.join(format!("pid.{}", mpi_rank())),
+            std::process::id().to_string(),
+        )
+        .unwrap();
+        let cfg = child_config();
+        if let Err(e) = train::<Inner>(&cfg, |_| Default::default(), None) {
+            panic!("rank {}: {e}", mpi_rank());
+        }
+    }
+}

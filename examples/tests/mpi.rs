@@ -8,46 +8,13 @@
 mod common;
 
 use burn_rtp::RotationMode;
-use burn_rtp_examples::{train, GptConfig, Report, Strategy, TrainConfig};
+use burn_rtp_examples::{train, Strategy};
+use common::mpi::{child_config, losses, mpi_rank, pids, read_report, text, wait_at_most, STEPS};
 use common::tiny;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 type Inner = burn::backend::NdArray;
-
-/// Steps of the equivalence runs.
-const STEPS: usize = 4;
-
-/// The configuration a child trains, read from the variables its parent set.
-fn child_config() -> TrainConfig {
-    let var = |name: &str| std::env::var(name).unwrap_or_else(|_| panic!("{name} is set"));
-    let np: usize = var("OMPI_COMM_WORLD_SIZE").parse().unwrap();
-    let mut cfg = tiny(var("RTP_TEST_STRATEGY").parse().unwrap(), np, STEPS);
-    cfg.rotation = var("RTP_TEST_ROTATION").parse().unwrap();
-    if let Ok(steps) = std::env::var("RTP_TEST_STEPS") {
-        cfg.steps = steps.parse().unwrap();
-    }
-    if let Ok(secs) = std::env::var("RTP_TEST_PEER_TIMEOUT") {
-        cfg.peer_timeout = Some(Duration::from_secs_f64(secs.parse().unwrap()));
-    }
-    if let Ok(d_model) = std::env::var("RTP_TEST_D_MODEL") {
-        cfg.model = GptConfig::new(8, d_model.parse().unwrap(), 1, 4);
-    }
-    if let Ok(progress) = std::env::var("RTP_TEST_MPI_PROGRESS") {
-        cfg.mpi_progress = progress.parse().unwrap();
-    }
-    if std::env::var_os("RTP_TEST_KEEP_MALLOC_ARENAS").is_some() {
-        cfg.one_malloc_arena = false;
-    }
-    cfg
-}
-
-fn mpi_rank() -> usize {
-    burn_rtp::transport::mpi_launch()
-        .expect("started by mpirun")
-        .rank
-}
 
 /// Starts `np` processes of this binary under mpirun, each running the ignored test `child`.
 fn mpirun(np: usize, child: &str, env: &[(&str, String)]) -> Command {
@@ -73,14 +40,6 @@ fn mpirun(np: usize, child: &str, env: &[(&str, String)]) -> Command {
     cmd
 }
 
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
 fn temp_dir(name: &str) -> common::TestDir {
     common::temp_dir(&format!("mpi-{name}"))
 }
@@ -88,28 +47,13 @@ fn temp_dir(name: &str) -> common::TestDir {
 #[test]
 #[ignore = "runs under mpirun, started by the tests of this file"]
 fn child_train() {
-    let cfg = child_config();
-    let out = train::<Inner>(&cfg, |_| Default::default(), None)
-        .unwrap_or_else(|e| panic!("rank {}: {e}", mpi_rank()));
-    if out.rank == 0 {
-        let path = std::env::var("RTP_TEST_REPORT").unwrap();
-        std::fs::write(path, serde_json::to_string(&out.report).unwrap()).unwrap();
-    }
+    common::mpi::child_train();
 }
 
 #[test]
 #[ignore = "runs under mpirun, started by the tests of this file"]
 fn child_train_until_killed() {
-    let dir = PathBuf::from(std::env::var("RTP_TEST_DIR").unwrap());
-    std::fs::write(
-        dir.join(format!("pid.{}", mpi_rank())),
-        std::process::id().to_string(),
-    )
-    .unwrap();
-    let cfg = child_config();
-    if let Err(e) = train::<Inner>(&cfg, |_| Default::default(), None) {
-        panic!("rank {}: {e}", mpi_rank());
-    }
+    common::mpi::child_train_until_killed();
 }
 
 #[test]
@@ -130,19 +74,6 @@ fn child_wrong_world_size() {
     if let Err(e) = train::<Inner>(&cfg, |_| Default::default(), None) {
         panic!("{e}");
     }
-}
-
-fn losses(cfg: &TrainConfig) -> Vec<f64> {
-    let mut cfg = cfg.clone();
-    cfg.transport = Some(burn_rtp::TransportKind::InProcess);
-    train::<Inner>(&cfg, |_| Default::default(), None)
-        .unwrap()
-        .report
-        .losses
-}
-
-fn read_report(path: &Path) -> Report {
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
 /// Every strategy at N = 2, 3, 4 processes trains like single-device Burn (1e-5 relative),
@@ -294,41 +225,6 @@ fn kernel_at_least(major: u32, minor: u32) -> bool {
         .split(|c: char| !c.is_ascii_digit())
         .filter_map(|p| p.parse::<u32>().ok());
     (parts.next(), parts.next()) >= (Some(major), Some(minor))
-}
-
-/// Waits for the job to end, at most `limit`.
-fn wait_at_most(child: Child, limit: Duration) -> Output {
-    let id = child.id();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait_with_output());
-    });
-    match rx.recv_timeout(limit) {
-        Ok(out) => out.unwrap(),
-        Err(_) => {
-            let _ = Command::new("kill").args(["-9", &id.to_string()]).status();
-            panic!("the job was still running {limit:?} after the fault: a hang");
-        }
-    }
-}
-
-/// Waits until every rank wrote its pid, then lets it train a little.
-fn pids(dir: &Path, np: usize) -> Vec<String> {
-    let started = Instant::now();
-    loop {
-        let pids: Vec<_> = (0..np)
-            .filter_map(|r| std::fs::read_to_string(dir.join(format!("pid.{r}"))).ok())
-            .collect();
-        if pids.len() == np {
-            std::thread::sleep(Duration::from_secs(2));
-            return pids;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "the ranks did not start"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 /// Starts a long RTP run on `np` processes with the given peer timeout, sends `signal` to

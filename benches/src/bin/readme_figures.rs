@@ -31,10 +31,12 @@ const RUN_SLACK: f64 = 1.05;
 fn documents(root: &Path) -> Result<Vec<(PathBuf, Vec<Block>)>, String> {
     let in_process = figures::read_json(root, committed::IN_PROCESS)?;
     let mpi = figures::read_json(root, committed::MPI)?;
+    let net = figures::read_json(root, committed::NET)?;
     let quick = QuickstartRun::read(&root.join(committed::QUICKSTART))?;
     figures::check_keys(figures::IN_PROCESS, &in_process)
         .map_err(|e| format!("{}: {e}", committed::IN_PROCESS))?;
     figures::check_keys(figures::MPI, &mpi).map_err(|e| format!("{}: {e}", committed::MPI))?;
+    figures::check_keys(figures::NET, &net).map_err(|e| format!("{}: {e}", committed::NET))?;
     Ok(vec![
         (
             root.join("README.md"),
@@ -59,6 +61,12 @@ fn documents(root: &Path) -> Result<Vec<(PathBuf, Vec<Block>)>, String> {
                 Block {
                     name: "mpi-targets",
                     text: figures::targets_table(figures::MPI, &mpi),
+                },
+                Block {
+                    name: "net-targets",
+                    text: figures::targets_table(figures::NET, &net)
+                        + "\nConfig B:\n\n"
+                        + &figures::targets_table(figures::NET_B, &net),
                 },
             ],
         ),

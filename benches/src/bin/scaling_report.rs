@@ -9,11 +9,15 @@
 //! add `--burn-ddp target/debug/burn-ddp-peer`; with `--burn-ddp-only`, only that section is
 //! (re)written into the report already in `--out`.
 //!
+//! Over a shaped network (network namespaces as hosts, Open MPI over TCP; root, iproute2):
+//! `... --features mpi --bin scaling-report -- --transport mpi --net --out benches/report/net`.
+//!
 //! Config A on wgpu at N = 2, fused kernels against generic (`--features wgpu`): add `--wgpu`;
 //! with `--wgpu-only`, only that section is (re)written.
 
 use burn_rtp::{MpiProgress, TransportKind};
 use burn_rtp_benches::mpi_report::{self, Job, MpiReportConfig};
+use burn_rtp_benches::net_report::{self, NetReportConfig};
 use burn_rtp_benches::report::{check_keys, default_out, run, ReportConfig};
 use clap::Parser;
 use serde_json::Value;
@@ -74,6 +78,17 @@ struct Cli {
     /// the report already in `--out`, with its figures.
     #[arg(long)]
     activations_only: bool,
+    /// With `--transport mpi`: measure DDP, FSDP and RTP over a cluster of network namespaces
+    /// (one rank per host, Open MPI over TCP, links shaped to a ladder of rates) instead, and
+    /// write that report to `--out` (needs root and iproute2).
+    #[arg(long)]
+    net: bool,
+    /// With `--net`: the cluster script [default: benches/net/cluster.sh of this source tree].
+    #[arg(long, value_name = "SCRIPT")]
+    net_script: Option<PathBuf>,
+    /// Internal: probe a link as this process's rank (started by `--net`).
+    #[arg(long, hide = true)]
+    net_probe: Option<String>,
     /// Internal: run one job as this process's rank (started by mpirun).
     #[arg(long, hide = true)]
     mpi_worker: Option<String>,
@@ -145,6 +160,27 @@ fn main_mpi(cli: &Cli) -> ExitCode {
                 ExitCode::FAILURE
             }
         };
+    }
+    if cli.net {
+        let script = cli
+            .net_script
+            .clone()
+            .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("net/cluster.sh"));
+        let out = cfg.out.clone();
+        let mut net = if cli.quick || cli.tiny {
+            NetReportConfig::quick(out.clone(), script)
+        } else {
+            NetReportConfig::full(out.clone(), script)
+        };
+        if let Some(r) = cli.repeats {
+            net.repeats = r.max(1);
+        }
+        let check = if cli.quick || cli.tiny {
+            net_report::check_quick
+        } else {
+            net_report::check_keys
+        };
+        return measure(&out, 1, check, |log| net_report::run(&net, &exe, log));
     }
     let out = cfg.out.clone();
     if cli.activations_only {
@@ -320,6 +356,29 @@ fn peer_ours(cli: &Cli, strategy: &str) -> ExitCode {
     }
 }
 
+/// Runs a link probe as this process's rank (the child of `--net`).
+fn net_probe(probe: &str) -> ExitCode {
+    #[cfg(feature = "mpi")]
+    {
+        let result = serde_json::from_str(probe)
+            .map_err(|e| format!("unreadable probe: {e}"))
+            .and_then(|p| net_report::probe_worker(&p));
+        match result {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        }
+    }
+    #[cfg(not(feature = "mpi"))]
+    {
+        let _ = probe;
+        eprintln!("error: a link probe needs `--features mpi`");
+        ExitCode::FAILURE
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Some(strategy) = &cli.peer_ours {
@@ -339,6 +398,9 @@ fn main() -> ExitCode {
 fn report(cli: &Cli) -> ExitCode {
     if cli.burn_ddp_only || cli.wgpu_only {
         return ExitCode::SUCCESS;
+    }
+    if let Some(probe) = &cli.net_probe {
+        return net_probe(probe);
     }
     if let Some(job) = &cli.mpi_worker {
         let job: Job = match serde_json::from_str(job) {

@@ -290,6 +290,12 @@ impl<B: Backend> RtpDevice<B> {
             .take(self.ctx.comm.transport.take_wire())
     }
 
+    /// Bytes of tensor data this rank's transport has sent since it started: the wire volume
+    /// of MPI (0 in-process, where tensors are handed over, not sent).
+    pub fn sent_bytes(&self) -> u64 {
+        self.ctx.comm.transport.sent_bytes()
+    }
+
     /// How this rank's transport waits while bytes are in flight, and why (`None`:
     /// in-process, where nothing is in flight).
     pub fn progress_policy(&self) -> Option<String> {

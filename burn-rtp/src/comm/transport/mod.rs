@@ -168,6 +168,12 @@ pub trait Transport<T: Send + 'static>: Send + Sync {
     fn take_wire(&self) -> Vec<(std::time::Instant, std::time::Instant)> {
         Vec::new()
     }
+    /// Bytes of tensor data this rank has sent since the transport started, counted where
+    /// they are handed to the wire (message envelopes not included). Transports that hand
+    /// buffers over without moving bytes count nothing.
+    fn sent_bytes(&self) -> u64 {
+        0
+    }
     /// How this transport waits while bytes are in flight, and why, for reports (`None`:
     /// nothing to choose, as in-process).
     fn progress_policy(&self) -> Option<String> {

@@ -24,7 +24,7 @@ use crate::config::MpiProgress;
 use crate::error::{RtpError, RtpResult};
 use buffer::Owner;
 use engine::{run, Command, WireLog};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -47,6 +47,8 @@ pub struct MpiTransport {
     thread: Mutex<Option<JoinHandle<()>>>,
     finalized: AtomicBool,
     wire: WireLog,
+    /// Bytes of tensor data handed to MPI for sending since the start (envelopes not counted).
+    sent: AtomicU64,
     /// The communication thread's pacing, as reports show it.
     policy: Arc<Mutex<String>>,
 }
@@ -104,6 +106,7 @@ impl MpiTransport {
             thread: Mutex::new(Some(thread)),
             finalized: AtomicBool::new(false),
             wire,
+            sent: AtomicU64::new(0),
             policy,
         })
     }
@@ -366,6 +369,7 @@ impl<T: Send + 'static> Transport<T> for MpiEndpoint {
         let [(envelope_queued, envelope), (data_queued, data)] = replies;
         envelope_queued?;
         data_queued?;
+        self.0.sent.fetch_add(size as u64, Ordering::Relaxed);
         Ok(Box::new(MpiSend {
             transport: self.0.clone(),
             to,
@@ -451,6 +455,10 @@ impl<T: Send + 'static> Transport<T> for MpiEndpoint {
 
     fn flush(&self) -> RtpResult<()> {
         self.0.flush("flush")
+    }
+
+    fn sent_bytes(&self) -> u64 {
+        self.0.sent.load(Ordering::Relaxed)
     }
 
     fn progress_policy(&self) -> Option<String> {
