@@ -146,33 +146,34 @@ tc_bits() {
 }
 [ "$rate" = none ] || tc_bits "$rate" >/dev/null
 
+# A namespace NAME$1 on the bridge, through NAMEv$2 on the bridge's side and eth0 inside, at
+# address $3.
+add_host() {
+  local ns="${name}$1" link="${name}v$2"
+  ip netns add "$ns"
+  ip link add "$link" type veth peer name eth0 netns "$ns"
+  ip link set "$link" master "${name}b" up
+  ip -n "$ns" addr add "$3/24" dev eth0
+  ip -n "$ns" link set lo up
+  ip -n "$ns" link set eth0 up
+}
+
 ip link add "${name}b" type bridge
 ip link set "${name}b" up
 # The control host, where mpirun runs: on the bridge like the others, with an unshaped link.
 # Its TCP gives up on an unacknowledged segment after about 13 s (tcp_retries2 5; Linux's
 # default takes about 15 minutes), so that mpirun learns soon that a host is cut off. The
 # hosts keep the default.
-ip netns add "${name}c"
-ip link add "${name}vc" type veth peer name eth0 netns "${name}c"
-ip link set "${name}vc" master "${name}b" up
-ip -n "${name}c" addr add "$net.254/24" dev eth0
-ip -n "${name}c" link set lo up
-ip -n "${name}c" link set eth0 up
+add_host c c "$net.254"
 ip netns exec "${name}c" sysctl -qw net.ipv4.tcp_retries2=5
 hostfile=$(mktemp /tmp/cluster-hostfile.XXXXXX)
 for h in $(seq 0 $(( hosts - 1 ))); do
-  ns="${name}h$h"
-  ip netns add "$ns"
-  ip link add "${name}v$h" type veth peer name eth0 netns "$ns"
-  ip link set "${name}v$h" master "${name}b" up
-  ip -n "$ns" addr add "$net.$(( h + 1 ))/24" dev eth0
-  ip -n "$ns" link set lo up
-  ip -n "$ns" link set eth0 up
+  add_host "h$h" "$h" "$net.$(( h + 1 ))"
   # Both directions of host h's link: its uplink inside the namespace, its downlink on the
   # bridge's side.
-  shape "$ns" eth0
+  shape "${name}h$h" eth0
   shape "" "${name}v$h"
-  echo "$ns slots=$slots" >>"$hostfile"
+  echo "${name}h$h slots=$slots" >>"$hostfile"
 done
 echo "cluster $name: $hosts host(s) x $slots rank(s) on $net.0/24, links at $rate" >&2
 
