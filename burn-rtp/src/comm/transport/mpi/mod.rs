@@ -559,6 +559,11 @@ mod tests {
         }
         first.wait().unwrap();
         second.wait().unwrap();
+        assert_eq!(
+            Transport::<()>::sent_bytes(&endpoint),
+            16,
+            "two messages of 2 f32 each, envelopes not counted"
+        );
         // A payload whose shape is not its header's (the same 2 elements as [1, 2]) reaches
         // the receiver as a desynchronisation, not as data of the header's shape.
         let reshaped = Payload::Host(Arc::new(TensorData::new(vec![3.0f32, -3.0], [1, 2])));
