@@ -5,11 +5,12 @@
 //! `p2p`, `rotation` and `collectives` take a `&Comm`, so they cannot reach what the backend's
 //! ops decide, and the op layer owns one `Comm` inside its rank context.
 
+use crate::comm::background::Background;
 use crate::comm::transport::Transport;
 use crate::config::RtpConfig;
 use crate::error::{raise, RtpResult};
 use crate::state::accounting::Ledger;
-use crate::state::timeline::Timeline;
+use crate::state::timeline::{IntervalKind, Timeline};
 use burn::tensor::backend::Backend;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -34,6 +35,8 @@ pub(crate) struct Comm<B: Backend> {
     pub(crate) timeline: Timeline,
     /// Exchanges with the ring neighbours (each one synchronisation).
     pub(crate) exchanges: AtomicU64,
+    /// Collectives running behind the rank's compute (DDP's bucket all-reduces).
+    pub(crate) background: Background,
     seq: AtomicU64,
     copy_on_receive: bool,
 }
@@ -63,14 +66,31 @@ impl<B: Backend> Comm<B> {
             ledger,
             timeline: Timeline::default(),
             exchanges: AtomicU64::new(0),
+            background: Background::default(),
             seq: AtomicU64::new(0),
             copy_on_receive,
         })
     }
 
     /// Next collective sequence number; equal on every rank that runs the same program.
+    ///
+    /// Every collective starts here, so this is where the rank's thread waits for its
+    /// background collectives first: their messages and sequence numbers then come before its
+    /// own on every rank alike (see `comm::background`).
     pub(crate) fn next_seq(&self) -> u64 {
+        self.wait_background();
         self.seq.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Waits until the rank's background collectives are done (recorded as a wait: it is the
+    /// part of their time the rank's compute did not hide). A no-op on the worker itself.
+    pub(crate) fn wait_background(&self) {
+        if self.background.idle() || crate::state::timeline::on_background_thread() {
+            return;
+        }
+        let started = self.timeline.start();
+        self.background.drain();
+        self.timeline.finish(IntervalKind::Wait, started);
     }
 
     /// Whether received shards are copied into this rank's own buffers (see

@@ -7,6 +7,7 @@
 //! writes each shard's columns), so it is made of rotation's two halves rather than a second
 //! copy of the ring schedule.
 
+pub(crate) mod background;
 pub(crate) mod collectives;
 pub(crate) mod context;
 pub(crate) mod host_view;

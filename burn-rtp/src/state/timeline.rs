@@ -1,9 +1,27 @@
 //! A per-rank timeline of rotation compute and transfer intervals, to measure how much of the
 //! transfer time hides behind compute.
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
+
+thread_local! {
+    /// Whether this thread is a rank's background worker (see `comm::background`).
+    static BACKGROUND: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Marks the calling thread as a rank's background worker: its compute and wait intervals
+/// are not the rank's, which computes (or waits for the worker) on its own thread meanwhile,
+/// so only its transfers are recorded.
+pub(crate) fn mark_background_thread() {
+    BACKGROUND.with(|b| b.set(true));
+}
+
+/// Whether the calling thread is a rank's background worker.
+pub(crate) fn on_background_thread() -> bool {
+    BACKGROUND.with(Cell::get)
+}
 
 /// What a rank was doing during an interval.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -16,8 +34,9 @@ pub enum IntervalKind {
     /// matched receive, which copies them, to the moment it completed). Posting a receive is
     /// not a transfer.
     Wire,
-    /// Blocked until a transfer completed: the wait for a receive's data or for a send's
-    /// buffer to be free again.
+    /// Blocked until a transfer completed: the wait for a receive's data, for a send's
+    /// buffer to be free again, or for the rank's background collectives (DDP's bucket
+    /// all-reduces) to finish.
     Wait,
 }
 
@@ -71,6 +90,9 @@ impl Timeline {
 
     pub(crate) fn finish(&self, kind: IntervalKind, started: Option<Instant>) {
         let Some(started) = started else { return };
+        if kind != IntervalKind::Transfer && on_background_thread() {
+            return;
+        }
         if let Some((epoch, v)) = &mut *self.state.lock().unwrap() {
             v.push(Interval {
                 kind,
