@@ -162,6 +162,10 @@ pub struct RtpConfig {
     /// Under MPI, whether to ask glibc for one malloc arena for the whole process (default
     /// on; see [`RtpConfig::with_one_malloc_arena`]).
     pub one_malloc_arena: bool,
+    /// Under DDP, the gradient bucket size in bytes (default [`DEFAULT_DDP_BUCKET_BYTES`];
+    /// 0: each gradient is all-reduced on its own after the backward; see
+    /// [`RtpConfig::with_ddp_bucket_bytes`]).
+    pub ddp_bucket_bytes: usize,
 }
 
 /// How the ranks of a world talk to each other.
@@ -240,6 +244,9 @@ impl Chaos {
 /// neighbour synchronisations cost more than their replicated state.
 pub const DEFAULT_SHARD_THRESHOLD: usize = 0;
 
+/// DDP's default gradient bucket: 25 MiB, PyTorch DDP's `bucket_cap_mb`.
+pub const DEFAULT_DDP_BUCKET_BYTES: usize = 25 << 20;
+
 impl RtpConfig {
     /// A world of `world_size` ranks with the default settings.
     pub fn new(world_size: usize) -> Self {
@@ -257,6 +264,7 @@ impl RtpConfig {
             transport: None,
             mpi_progress: MpiProgress::Auto,
             one_malloc_arena: true,
+            ddp_bucket_bytes: DEFAULT_DDP_BUCKET_BYTES,
         }
     }
 
@@ -280,6 +288,7 @@ impl RtpConfig {
             ("rotation mode", self.rotation.to_string()),
             ("shard threshold", self.shard_threshold.to_string()),
             ("gather fallback", self.gather_fallback.to_string()),
+            ("ddp bucket bytes", self.ddp_bucket_bytes.to_string()),
         ]
     }
 
@@ -304,6 +313,18 @@ impl RtpConfig {
     /// Sets the rotation variant.
     pub fn with_rotation(mut self, rotation: RotationMode) -> Self {
         self.rotation = rotation;
+        self
+    }
+
+    /// Under DDP, sets the gradient bucket size in bytes: gradients join a bucket in the order
+    /// the backward produces them, and a full bucket is all-reduced on the rank's background
+    /// worker while the rest of the backward computes (PyTorch DDP's buckets). The optimizer
+    /// step starts the last, partial bucket and waits for all of them. Each rank then holds
+    /// the summed copy of a bucketed gradient beside the gradient itself until the step, as
+    /// PyTorch's DDP holds its bucket buffers. 0 turns buckets off: each gradient is
+    /// all-reduced on its own in the optimizer step, after the backward.
+    pub fn with_ddp_bucket_bytes(mut self, bytes: usize) -> Self {
+        self.ddp_bucket_bytes = bytes;
         self
     }
 

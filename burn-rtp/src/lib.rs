@@ -104,14 +104,14 @@ pub use comm::{rotation, transport};
 pub use state::{shard_io, sharding, timeline};
 pub use tools::{checkpoint, plan};
 
-pub use backend::device::RtpDevice;
 pub use backend::device::{enter_rank, register_device, RankGuard};
+pub use backend::device::{DdpBuckets, FsdpPrefetches, RtpDevice};
 pub use backend::rtp::Rtp;
 pub use backend::tensor::RtpTensor;
 pub use burn_rtp_kernels::{set_fused_kernels, KernelPath, RotationKernels};
 pub use config::{
     check_rank, ActivationCheckpointing, Chaos, Delivery, MpiProgress, RotationMode, RtpConfig,
-    Strategy, TransportKind, DEFAULT_SHARD_THRESHOLD,
+    Strategy, TransportKind, DEFAULT_DDP_BUCKET_BYTES, DEFAULT_SHARD_THRESHOLD,
 };
 pub use error::{RtpError, RtpResult};
 pub use runtime::launch::{launch, try_launch, try_launch_on};

@@ -7,6 +7,7 @@
 
 mod common;
 
+use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
 use burn::backend::{Autodiff, NdArray};
 use burn_rtp::{launch, Chaos, Delivery, RotationMode, Rtp, RtpConfig, Strategy};
 use common::*;
@@ -123,6 +124,88 @@ fn baselines(transport: fn(RtpConfig) -> RtpConfig) {
                 .with_shard_threshold(0)
                 .with_strategy(strategy),
         ));
+    }
+}
+
+/// DDP's gradient buckets change when gradients are summed, never what: with every gradient
+/// in a bucket of its own, with a few per bucket, and with the default (one bucket, started at
+/// the step), DDP trains bit-identically to DDP without buckets, which matches single-device
+/// Burn, at N = 2, 3, 4 and 8. The buckets must really have summed the gradients the step used.
+#[test]
+fn ddp_buckets_sum_exactly_what_the_step_would() {
+    let weights = lm_weights(SEED);
+    let (ref_losses, ref_params) = reference_lm(&weights);
+    for n in [2, 3, 4, 8] {
+        let run = |bytes: usize| {
+            let config = RtpConfig::new(n)
+                .with_strategy(Strategy::Ddp)
+                .with_ddp_bucket_bytes(bytes);
+            let config = stressed(config, &format!("ddp buckets {n} {bytes}"));
+            rtp_run_checkpointed::<NdArray, NoCheckpointing>(Which::Lm, config, &weights)
+                .expect("DDP run")
+        };
+        let flat = run(0);
+        let label = format!("DDP without buckets, N={n}");
+        let runs: Vec<RankRun> = flat.iter().map(|c| c.run.clone()).collect();
+        if let Err(e) = compare(Which::Lm, &ref_losses, &ref_params, &runs, &label) {
+            panic!("{e}");
+        }
+        assert!(flat.iter().all(|c| c.buckets == Default::default()));
+        for bytes in [1, 16 << 10, burn_rtp::DEFAULT_DDP_BUCKET_BYTES] {
+            let bucketed = run(bytes);
+            for (rank, (got, want)) in bucketed.iter().zip(&flat).enumerate() {
+                assert_eq!(
+                    got.run, want.run,
+                    "N={n}, rank {rank}, {bytes}-byte buckets: not bit-identical to DDP without buckets"
+                );
+                let b = got.buckets;
+                // Per step: the two embeddings and the seven Linears' weights and biases are bucketed.
+                assert!(
+                    b.claimed >= 16 * STEPS as u64,
+                    "N={n}, rank {rank}, {bytes}-byte buckets: only {b:?}"
+                );
+                let per_step = if bytes == 1 { b.claimed } else { STEPS as u64 };
+                assert!(
+                    b.started >= per_step,
+                    "N={n}, rank {rank}, {bytes}-byte buckets: {b:?}"
+                );
+            }
+        }
+    }
+}
+
+/// FSDP gathers each layer's weight ahead, on the background worker, while the layer before
+/// it computes, and still trains like single-device Burn at N = 2, 3, 4 and 8: from the third
+/// step on (the second records the order), every gather but a step's first is prefetched.
+#[test]
+fn fsdp_prefetch_gathers_ahead_and_trains_like_single_device() {
+    let weights = lm_weights(SEED);
+    let (ref_losses, ref_params) = reference_lm(&weights);
+    for n in [2, 3, 4, 8] {
+        let config = RtpConfig::new(n).with_strategy(Strategy::Fsdp);
+        let config = stressed(config, &format!("fsdp prefetch {n}"));
+        let counted = rtp_run_checkpointed::<NdArray, NoCheckpointing>(Which::Lm, config, &weights)
+            .expect("FSDP run");
+        let runs: Vec<RankRun> = counted.iter().map(|c| c.run.clone()).collect();
+        if let Err(e) = compare(
+            Which::Lm,
+            &ref_losses,
+            &ref_params,
+            &runs,
+            &format!("FSDP N={n}"),
+        ) {
+            panic!("{e}");
+        }
+        // Per step: 16 gathers in the forward (two embeddings, seven Linears' weights and
+        // biases) and 7 in the backward (the Linears' weights, for dX).
+        let prefetched = (STEPS as u64 - 2) * (16 + 7 - 1);
+        for (rank, c) in counted.iter().enumerate() {
+            let p = c.prefetches;
+            assert!(
+                p.used >= prefetched && p.started == p.used,
+                "N={n}, rank {rank}: {p:?}, expected {prefetched} used, none wasted"
+            );
+        }
     }
 }
 

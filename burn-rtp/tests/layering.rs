@@ -23,17 +23,24 @@ const LAYERS: &[&[&str]] = &[
     // state/: what one rank counts and stores, with no communication.
     &["state::accounting", "state::timeline", "state::shard_io"],
     &["state::sharding"],
-    // comm/: moving tensors between ranks. The ring's indices and the transports; a tensor's
-    // bytes read in place; the communication context; exchanges; the rotation schedule; the
-    // collectives, made of rotation's two halves (see `comm/mod.rs`).
-    &["comm::ring", "comm::transport"],
+    // comm/: moving tensors between ranks. The ring's indices, the transports and the
+    // background worker; a tensor's bytes read in place; the communication context;
+    // exchanges; the rotation schedule; the collectives, made of rotation's two halves (see
+    // `comm/mod.rs`).
+    &["comm::ring", "comm::transport", "comm::background"],
     &["comm::host_view", "comm::context"],
     &["comm::p2p"],
     &["comm::rotation"],
     &["comm::collectives"],
-    // backend/: the Linear pairing records and the kept gathers, the rank's op-level state
-    // around its `Comm`, the tensor primitive, the device, the backend type, and its ops.
-    &["backend::pairing", "backend::gathers"],
+    // backend/: the Linear pairing records, the kept gathers, DDP's buckets and FSDP's
+    // prefetch; the rank's op-level state around its `Comm`, the tensor primitive, the
+    // device, the backend type, and its ops.
+    &[
+        "backend::pairing",
+        "backend::gathers",
+        "backend::buckets",
+        "backend::prefetch",
+    ],
     &["backend::rank"],
     &["backend::tensor"],
     &["backend::device"],

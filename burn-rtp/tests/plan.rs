@@ -58,7 +58,9 @@ where
         peak: Default::default(),
         at_peak: Default::default(),
     };
-    for step in 0..2 {
+    // Three steps: FSDP's prefetch starts in the third, once the second has recorded the
+    // order of the gathers.
+    for step in 0..3 {
         let l = loss(&model, step, my_rows(device, batch), device);
         let mut grads = GradientsParams::from_grads(l.backward(), &model);
         sync_gradients::<M, Ad, NdArray>(&model, &mut grads);

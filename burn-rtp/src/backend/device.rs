@@ -290,6 +290,26 @@ impl<B: Backend> RtpDevice<B> {
             .take(self.ctx.comm.transport.take_wire())
     }
 
+    /// What DDP's gradient buckets did on this rank so far (see
+    /// [`RtpConfig::with_ddp_bucket_bytes`](crate::RtpConfig::with_ddp_bucket_bytes)).
+    pub fn ddp_buckets(&self) -> DdpBuckets {
+        let [started, claimed] = &self.ctx.bucket_counts;
+        DdpBuckets {
+            started: started.load(std::sync::atomic::Ordering::Relaxed),
+            claimed: claimed.load(std::sync::atomic::Ordering::Relaxed),
+        }
+    }
+
+    /// What FSDP's prefetch did on this rank so far (see `RtpOptimizer`, which registers
+    /// the parameters whose gathers it starts ahead).
+    pub fn fsdp_prefetches(&self) -> FsdpPrefetches {
+        let [started, used] = &self.ctx.prefetch_counts;
+        FsdpPrefetches {
+            started: started.load(std::sync::atomic::Ordering::Relaxed),
+            used: used.load(std::sync::atomic::Ordering::Relaxed),
+        }
+    }
+
     /// Bytes of tensor data this rank's transport has sent since it started: the wire volume
     /// of MPI (0 in-process, where tensors are handed over, not sent).
     pub fn sent_bytes(&self) -> u64 {
@@ -416,4 +436,23 @@ pub(crate) fn current_device<B: Backend>() -> RtpDevice<B> {
                 .and_then(|d| d.downcast_ref::<RtpDevice<B>>().cloned())
         })
         .unwrap_or_else(solo_device::<B>)
+}
+
+/// What DDP's gradient buckets did on one rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DdpBuckets {
+    /// Buckets whose all-reduce started (full ones during the backward, the last one at
+    /// the optimizer step).
+    pub started: u64,
+    /// Gradients whose bucketed sum the optimizer took instead of all-reducing them itself.
+    pub claimed: u64,
+}
+
+/// What FSDP's prefetch did on one rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct FsdpPrefetches {
+    /// Gathers started ahead on the background worker, while a layer computed.
+    pub started: u64,
+    /// Prefetched gathers a module op used (a prediction that missed is dropped).
+    pub used: u64,
 }

@@ -2,11 +2,15 @@
 //! decide and remember (Linear pairing, parameter streams, gather fallbacks, shard IO) and the
 //! device id Burn knows the rank by.
 
+use crate::comm::collectives::{all_gather, all_reduce_bucket};
 use crate::comm::context::Comm;
 use crate::comm::transport::Transport;
-use crate::config::RtpConfig;
+use crate::config::{RtpConfig, Strategy};
 use crate::error::{raise, RtpError, RtpResult};
+use crate::state::accounting::{Category, Charge, Float, Held};
+use crate::state::sharding::Layout;
 use burn::tensor::backend::Backend;
+use burn::tensor::TensorMetadata;
 use std::any::Any;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -28,6 +32,14 @@ pub struct RankCtx<B: Backend> {
     inputs_held: AtomicBool,
     /// Gathered copies of small sharded tensors, kept while their source lives.
     pub(crate) gathers: Mutex<crate::backend::gathers::Gathers<B>>,
+    /// DDP's gradient buckets: open, and handed to the background worker.
+    buckets: Mutex<crate::backend::buckets::Buckets<B>>,
+    /// Buckets started, and gradients whose bucketed sum the optimizer took, so far.
+    pub(crate) bucket_counts: [AtomicU64; 2],
+    /// FSDP's prefetch: the registered parameters and the order they are gathered in.
+    prefetch: Mutex<crate::backend::prefetch::Prefetch<B>>,
+    /// Gathers FSDP started ahead, and those that were used, so far.
+    pub(crate) prefetch_counts: [AtomicU64; 2],
     /// The weight shapes whose Linear backward ran as two passes (dX, then dW on its own),
     /// because autodiff recomputed the input: the planner's probe reads them.
     pub(crate) split_passes: Mutex<Vec<Vec<usize>>>,
@@ -125,6 +137,126 @@ impl<B: Backend> RankCtx<B> {
     pub(crate) fn fallback_counts(&self) -> BTreeMap<String, u64> {
         self.fallbacks.lock().unwrap().clone()
     }
+
+    /// Under DDP with buckets, adds the gradient of a replicated weight (identified by
+    /// `charge`) to the open bucket, and starts the bucket's all-reduce in the background once
+    /// it is full (see `backend::buckets`). Anything else is left to the optimizer step.
+    pub(crate) fn bucket_gradient(self: &Arc<Self>, charge: &Arc<Charge>, grad: &Float<B>) {
+        let config = &self.comm.config;
+        let n = self.comm.world_size;
+        if config.strategy != Strategy::Ddp
+            || config.ddp_bucket_bytes == 0
+            || n == 1
+            || grad.shape().num_elements() < n
+        {
+            return;
+        }
+        let full = self
+            .buckets
+            .lock()
+            .unwrap()
+            .add((charge.clone(), grad.clone()), config.ddp_bucket_bytes);
+        if let Some(bucket) = full {
+            self.launch_bucket(bucket);
+        }
+    }
+
+    /// Starts the open, partial bucket (the optimizer step does, once the backward is over).
+    pub(crate) fn flush_buckets(self: &Arc<Self>) {
+        let open = self.buckets.lock().unwrap().take_open();
+        if let Some(bucket) = open {
+            self.launch_bucket(bucket);
+        }
+    }
+
+    fn launch_bucket(self: &Arc<Self>, bucket: Vec<crate::backend::buckets::Waiting<B>>) {
+        let (grads, tensors): (Vec<_>, Vec<_>) = bucket.into_iter().unzip();
+        self.bucket_counts[0].fetch_add(1, Ordering::Relaxed);
+        let sums: crate::backend::buckets::Sums<B> = Arc::default();
+        self.buckets.lock().unwrap().launched(grads, sums.clone());
+        let ctx = self.clone();
+        let job = move || {
+            let out = all_reduce_bucket(&ctx.comm, "ddp.all_reduce_bucket", tensors);
+            *sums.lock().unwrap() = Some(out.into_iter().map(Some).collect());
+        };
+        self.comm.background.submit(self.comm.rank, Box::new(job));
+    }
+
+    /// The all-reduced sum of the gradient identified by `charge`, if a bucket computed it;
+    /// waits for the buckets in flight first.
+    pub(crate) fn claim_bucketed(&self, charge: &Arc<Charge>) -> Option<Float<B>> {
+        if !self.buckets.lock().unwrap().any_launched() {
+            return None;
+        }
+        self.comm.wait_background();
+        let sum = self.buckets.lock().unwrap().claim(charge)?;
+        self.bucket_counts[1].fetch_add(1, Ordering::Relaxed);
+        Some(sum.consume(|t| t))
+    }
+
+    /// Under FSDP, registers the parameters of the next step in the module's order, so that
+    /// their gathers can be started ahead (see `backend::prefetch`).
+    pub(crate) fn register_params(&self, params: Vec<crate::backend::prefetch::Param<B>>) {
+        if self.comm.config.strategy == Strategy::Fsdp && self.comm.world_size > 1 {
+            self.prefetch.lock().unwrap().register(params);
+        }
+    }
+
+    /// Lets go of the registered parameters before the optimizer replaces them.
+    pub(crate) fn release_params(&self) {
+        self.prefetch.lock().unwrap().release();
+    }
+
+    /// The whole of a sharded parameter for a module op (FSDP): taken from its prefetched
+    /// gather when one was started for it, else gathered now; then the gather the last step
+    /// made next is started on the background worker.
+    pub(crate) fn gather_param(
+        self: &Arc<Self>,
+        charge: &Arc<Charge>,
+        inner: &Float<B>,
+        layout: &Layout,
+        op: &'static str,
+    ) -> Held<B> {
+        let found = self.prefetch.lock().unwrap().on_gather(charge);
+        let ready = found.as_ref().and_then(|f| f.ready.clone());
+        let full = match ready {
+            Some(slot) => {
+                self.comm.wait_background();
+                let prefetched = slot.lock().unwrap().take();
+                self.prefetch_counts[1].fetch_add(1, Ordering::Relaxed);
+                prefetched.unwrap_or_else(|| {
+                    panic!(
+                        "rank {}: `{op}`: the prefetched gather of a {:?} shard is missing",
+                        self.comm.rank,
+                        inner.shape().to_vec()
+                    )
+                })
+            }
+            None => all_gather(&self.comm, inner, layout, op, Category::InFlight),
+        };
+        if let Some(((_, next, next_layout), slot)) = found.and_then(|f| f.next) {
+            self.prefetch_counts[0].fetch_add(1, Ordering::Relaxed);
+            let ctx = self.clone();
+            let job = move || {
+                let full = all_gather(
+                    &ctx.comm,
+                    &next,
+                    &next_layout,
+                    "fsdp.prefetch",
+                    Category::InFlight,
+                );
+                *slot.lock().unwrap() = Some(full);
+            };
+            self.comm.background.submit(self.comm.rank, Box::new(job));
+        }
+        full
+    }
+
+    /// Forgets the buckets of the last backward, and the sums nobody claimed.
+    pub(crate) fn clear_buckets(&self) {
+        self.comm.wait_background();
+        self.buckets.lock().unwrap().clear();
+    }
 }
 
 /// Leaves persistent mode when dropped.
@@ -200,6 +332,10 @@ pub(crate) fn new_rank_ctx<B: Backend>(
         comm,
         pairing: Mutex::new(Default::default()),
         gathers: Mutex::new(Default::default()),
+        buckets: Mutex::new(Default::default()),
+        bucket_counts: Default::default(),
+        prefetch: Mutex::new(Default::default()),
+        prefetch_counts: Default::default(),
         split_passes: Mutex::new(Vec::new()),
         inputs_held: AtomicBool::new(false),
         persistent: AtomicUsize::new(0),

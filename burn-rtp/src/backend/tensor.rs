@@ -77,19 +77,18 @@ impl<B: Backend> RtpTensor<B> {
     /// Wraps the result of an op on `self`, reusing its charge when the inner backend could
     /// have reused the buffer (sole owner, same size, same category).
     pub(crate) fn derive(self, inner: B::FloatTensorPrimitive, layout: Layout) -> Self {
-        let reusable = Arc::strong_count(&self.charge) == 1
-            && self.charge.bytes() == bytes_of(&inner)
-            && self.charge.category() == layout.category();
-        if reusable {
-            Self {
-                inner,
-                layout,
-                ctx: self.ctx,
-                charge: self.charge,
-            }
-        } else {
-            Self::new(self.ctx, inner, layout)
-        }
+        self.take().1.derive(inner, layout)
+    }
+
+    /// Takes the inner tensor out for an op that consumes it, so that a backend which writes
+    /// in place when it holds the only handle (burn-ndarray) can: an op given a clone while
+    /// this tensor still held its own would copy every element first. The rest wraps the op's
+    /// result ([`Taken::derive`]).
+    pub(crate) fn take(self) -> (B::FloatTensorPrimitive, Taken<B>) {
+        let Self {
+            inner, ctx, charge, ..
+        } = self;
+        (inner, Taken { ctx, charge })
     }
 
     /// `inner`, a view of this tensor's elements in another shape (a reshape), under the same
@@ -139,9 +138,57 @@ impl<B: Backend> RtpTensor<B> {
         Arc::downgrade(&self.charge)
     }
 
+    /// Offers this gradient of a replicated weight to DDP's buckets (see `backend::buckets`).
+    pub(crate) fn offer_to_bucket(&self) {
+        self.ctx.bucket_gradient(&self.charge, &self.inner);
+    }
+
+    /// The all-reduced sum of this very gradient, if a DDP bucket computed it.
+    pub(crate) fn claim_bucketed(&self) -> Option<B::FloatTensorPrimitive> {
+        self.ctx.claim_bucketed(&self.charge)
+    }
+
+    /// This parameter as FSDP's prefetch registers it (see `backend::prefetch`).
+    pub(crate) fn as_param(&self) -> crate::backend::prefetch::Param<B> {
+        (self.charge.clone(), self.inner.clone(), self.layout.clone())
+    }
+
+    /// The whole of this sharded parameter for a module op under FSDP, gathered ahead where
+    /// the last step's order says so.
+    pub(crate) fn gather_param(&self, op: &'static str) -> Held<B> {
+        self.ctx
+            .gather_param(&self.charge, &self.inner, &self.layout, op)
+    }
+
     /// Takes the inner tensor out of its wrapper for an op, keeping it charged.
     pub(crate) fn held(self) -> Held<B> {
         Held::from_parts(self.inner, self.charge)
+    }
+}
+
+/// A tensor whose inner tensor an op took ([`RtpTensor::take`]): its rank and its charge.
+pub(crate) struct Taken<B: Backend> {
+    ctx: Arc<RankCtx<B>>,
+    charge: Arc<Charge>,
+}
+
+impl<B: Backend> Taken<B> {
+    /// Wraps the result of the op, reusing the charge when the inner backend could have
+    /// reused the buffer (sole owner, same size, same category).
+    pub(crate) fn derive(self, inner: B::FloatTensorPrimitive, layout: Layout) -> RtpTensor<B> {
+        let reusable = Arc::strong_count(&self.charge) == 1
+            && self.charge.bytes() == bytes_of(&inner)
+            && self.charge.category() == layout.category();
+        if reusable {
+            RtpTensor {
+                inner,
+                layout,
+                ctx: self.ctx,
+                charge: self.charge,
+            }
+        } else {
+            RtpTensor::new(self.ctx, inner, layout)
+        }
     }
 }
 

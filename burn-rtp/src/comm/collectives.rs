@@ -6,7 +6,7 @@
 use crate::comm::context::Comm;
 pub(crate) use crate::comm::p2p::read_host;
 use crate::comm::p2p::{exchange, fence, Leg};
-use crate::comm::rotation::{reduce_scatter, rotate_columns};
+use crate::comm::rotation::{reduce_scatter, rotate};
 use crate::comm::transport::Header;
 use crate::state::accounting::{Category, Charge};
 use crate::state::accounting::{Float, Held};
@@ -326,51 +326,101 @@ pub(crate) fn reduce_scatter_columns<B: Backend>(
     .remove(0)
 }
 
-/// Sums an inner tensor over all ranks around the ring: a reduce-scatter of `N` chunks, then
-/// an all-gather of the reduced chunks. Each chunk is reduced once, on its home rank, so every
-/// rank ends with the same bits.
+/// Sums an inner tensor over all ranks around the ring (see [`all_reduce_bucket`]).
 pub(crate) fn all_reduce_ring<B: Backend>(
     ctx: &Comm<B>,
     op: &'static str,
     t: B::FloatTensorPrimitive,
 ) -> B::FloatTensorPrimitive {
-    let n = ctx.world_size;
-    let shape = t.shape();
-    let numel = shape.num_elements();
-    if n == 1 {
-        return t;
-    }
-    if numel < n {
+    if ctx.world_size > 1 && t.shape().num_elements() < ctx.world_size {
         return all_reduce_sum(ctx, op, t);
     }
-    let flat = B::float_reshape(t, Shape::new([numel]));
-    let spec = ShardSpec {
-        full: Shape::new([numel]),
-        world: n,
+    all_reduce_bucket(ctx, op, vec![t]).remove(0).consume(|t| t)
+}
+
+/// Sums each of `tensors` over all ranks in one trip around the ring: a reduce-scatter of `N`
+/// chunks, then an all-gather of the reduced chunks, where chunk `j` of the bucket is chunk
+/// `j` of every tensor (flattened), so each message carries a slice of each and no tensor is
+/// copied into a bucket buffer first. Each chunk is reduced once, on its home rank, so every
+/// rank ends with the same bits, and a tensor gets the same bits in any bucket.
+///
+/// The sums are charged to this rank as local memory. Every tensor needs at least `N`
+/// elements (a chunk is never empty); a smaller one is a panic naming the rank and the op.
+pub(crate) fn all_reduce_bucket<B: Backend>(
+    ctx: &Comm<B>,
+    op: &'static str,
+    tensors: Vec<B::FloatTensorPrimitive>,
+) -> Vec<Held<B>> {
+    let n = ctx.world_size;
+    if n == 1 {
+        return tensors
+            .into_iter()
+            .map(|t| Held::new(&ctx.ledger, t, Category::Local))
+            .collect();
+    }
+    let shapes: Vec<Shape> = tensors.iter().map(|t| t.shape()).collect();
+    if let Some(small) = shapes.iter().find(|s| s.num_elements() < n) {
+        panic!(
+            "rank {}: `{op}` cannot split a tensor of shape {:?} into {n} chunks",
+            ctx.rank,
+            small.to_vec()
+        );
+    }
+    let specs: Vec<ShardSpec> = shapes
+        .iter()
+        .map(|s| ShardSpec {
+            full: Shape::new([s.num_elements()]),
+            world: n,
+        })
+        .collect();
+    let flat: Vec<B::FloatTensorPrimitive> = tensors
+        .into_iter()
+        .zip(&specs)
+        .map(|(t, spec)| B::float_reshape(t, spec.full.clone()))
+        .collect();
+    let chunk = |j: usize| -> Vec<Vec<usize>> {
+        specs.iter().map(|spec| vec![spec.range(j).len]).collect()
     };
-    let chunk = |j: usize| vec![vec![spec.range(j).len]];
     let own = reduce_scatter(ctx, op, chunk, |j| {
-        let r = spec.range(j);
-        vec![burn_rtp_kernels::column_slice::<B>(
-            flat.clone(),
-            r.start,
-            r.len,
-        )]
-    })
-    .remove(0);
-    let out = burn_rtp_kernels::output_for_columns::<B>(&own, spec.last());
-    let full = rotate_columns(
-        ctx,
-        "all_reduce.all_gather",
-        vec![own],
-        chunk,
-        out,
-        false,
-        |y, j, chunk| {
-            burn_rtp_kernels::write_columns::<B>(y, chunk[0].clone(), spec.range(j).start)
-        },
-        |j| spec.range(j),
-    );
+        flat.iter()
+            .zip(&specs)
+            .map(|(t, spec)| {
+                let r = spec.range(j);
+                burn_rtp_kernels::column_slice::<B>(t.clone(), r.start, r.len)
+            })
+            .collect()
+    });
+    drop(flat);
+    // Each tensor's reduced chunks, in chunk order, joined once all are here: one copy into a
+    // buffer that is never zero-filled first (a preallocated output would be).
+    // Each chunk stays alive, and charged, until its tensor is joined.
+    let mut parts: Vec<Vec<Option<Held<B>>>> = specs
+        .iter()
+        .map(|_| (0..n).map(|_| None).collect())
+        .collect();
+    rotate(ctx, "all_reduce.all_gather", own, chunk, |j, chunks| {
+        for (slots, piece) in parts.iter_mut().zip(chunks) {
+            slots[j] = Some(Held::new(&ctx.ledger, piece.clone(), Category::Local));
+        }
+    });
+    let sums = parts
+        .into_iter()
+        .zip(shapes)
+        .map(|(slots, shape)| {
+            let slots: Vec<Held<B>> = slots
+                .into_iter()
+                .map(|p| p.expect("the ring showed every chunk"))
+                .collect();
+            let joined =
+                burn_rtp_kernels::assemble_columns::<B>(slots.iter().map(Held::get).collect(), 0);
+            // Charged before the chunks' charges drop with `slots`.
+            Held::new(
+                &ctx.ledger,
+                B::float_reshape(joined, shape),
+                Category::Local,
+            )
+        })
+        .collect();
     fence(ctx);
-    full.consume(|full| B::float_reshape(full, shape))
+    sums
 }

@@ -105,6 +105,12 @@ fn sync_gradient<I: RotationKernels>(param: &Layout, grad: RtpTensor<I>) -> RtpT
     }
     let ctx = grad.ctx.clone();
     let mean = |t| I::float_mul_scalar(t, Scalar::Float(1.0 / ctx.comm.world_size as f64));
+    // DDP's buckets summed this very gradient during the backward.
+    if *param == Layout::Replicated {
+        if let Some(summed) = grad.claim_bucketed() {
+            return RtpTensor::new(ctx.clone(), mean(summed), Layout::Replicated);
+        }
+    }
     match param {
         // Each rank needs only its shard of the sum: a reduce-scatter, half an all-reduce.
         Layout::Sharded(spec) => {
@@ -158,13 +164,23 @@ fn map_gradients<M, B, I>(
 }
 
 /// Averages the per-rank gradients in `grads` over ranks, in the module's parameter order.
+///
+/// Under DDP it first starts the last, partial gradient bucket, takes the sums the buckets
+/// computed during the backward, and all-reduces the rest.
 pub fn sync_gradients<M, B, I>(module: &M, grads: &mut GradientsParams)
 where
     I: RotationKernels,
     B: AutodiffBackend<InnerBackend = Rtp<I>>,
     M: AutodiffModule<B>,
 {
+    let ctx = module_ctx::<M, B, I>(module);
+    if let Some(ctx) = &ctx {
+        ctx.flush_buckets();
+    }
     map_gradients::<M, B, I>(module, grads, sync_gradient);
+    if let Some(ctx) = &ctx {
+        ctx.clear_buckets();
+    }
 }
 
 /// Adds up this rank's share of `Σ g²`: sharded gradients on every rank, replicated ones on
@@ -238,6 +254,34 @@ where
     })
 }
 
+/// Registers `module`'s sharded parameters, in its order, for FSDP's prefetch.
+fn register_params<M, B, I>(ctx: &crate::backend::rank::RankCtx<I>, module: &M)
+where
+    I: RotationKernels,
+    B: AutodiffBackend<InnerBackend = Rtp<I>>,
+    M: AutodiffModule<B>,
+{
+    if ctx.comm.config.strategy != crate::config::Strategy::Fsdp {
+        return;
+    }
+    struct Sharded<I: RotationKernels>(Vec<crate::backend::prefetch::Param<I>>);
+    impl<B, I> ModuleVisitor<B> for Sharded<I>
+    where
+        I: RotationKernels,
+        B: AutodiffBackend<InnerBackend = Rtp<I>>,
+    {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            let t = primitive(param.val().inner());
+            if matches!(t.layout, Layout::Sharded(_)) {
+                self.0.push(t.as_param());
+            }
+        }
+    }
+    let mut sharded = Sharded::<I>(Vec::new());
+    module.visit(&mut sharded);
+    ctx.register_params(sharded.0);
+}
+
 /// The rank context of a module's first float parameter (`None` for a module without one).
 fn module_ctx<M, B, I>(module: &M) -> Option<std::sync::Arc<crate::backend::rank::RankCtx<I>>>
 where
@@ -285,11 +329,16 @@ where
                 return module;
             }
         }
-        // Every parameter is about to be replaced: its kept gathers are of no further use.
+        // Every parameter is about to be replaced: its kept gathers are of no further use,
+        // and the prefetch lets go of it so that the update can write the new one in place.
         if let Some(ctx) = &ctx {
             ctx.gathers.lock().unwrap().clear();
+            ctx.release_params();
         }
         let module = self.inner.step(lr, module, grads);
+        if let Some(ctx) = &ctx {
+            register_params::<M, B, I>(ctx, &module);
+        }
         if let Some(l) = &ledger {
             l.end_phase(Phase::Update);
         }
@@ -305,10 +354,16 @@ where
             "RtpOptimizer: global-norm clipping of multi-device gradients is not supported; use `step`"
         );
         // As in `step`: every parameter is about to be replaced.
-        if let Some(ctx) = module_ctx::<M, B, I>(&module) {
+        let ctx = module_ctx::<M, B, I>(&module);
+        if let Some(ctx) = &ctx {
             ctx.gathers.lock().unwrap().clear();
+            ctx.release_params();
         }
-        self.inner.step_multi(lr, module, grads)
+        let module = self.inner.step_multi(lr, module, grads);
+        if let Some(ctx) = &ctx {
+            register_params::<M, B, I>(ctx, &module);
+        }
+        module
     }
 
     fn to_record(&self) -> Self::Record {

@@ -23,8 +23,11 @@
 //!   checkpointing) runs its backward as two passes, the bundles rotating for dX and then the
 //!   gradients travelling for dW, and holds 2 at a time; the probe records which layers did.
 //!   FSDP holds a layer's gathered weight and bias while it computes, and in the backward
-//!   pass while the next parts arrive, `(2 - 1/N)` full bundles; DDP all-reduces one
-//!   gradient at a time in chunks of `1/N`, one chunk in flight, into a full-size sum.
+//!   pass while the next parts arrive, `(2 - 1/N)` full bundles, plus the next weight
+//!   gathered ahead in a model of three weights or more. DDP with buckets starts the step
+//!   with every bucketed gradient's sum beside the gradient, and `1/N` of the last bucket in
+//!   flight; without buckets it all-reduces one gradient at a time in chunks of `1/N`, one
+//!   chunk in flight, into a full-size sum.
 //! * **The peak of the sum**, phase by phase. The probe records what the highest peak of
 //!   the forward and backward passes, and of the optimizer's update, were made of at N = 1
 //!   ([`RtpOptimizer`](crate::RtpOptimizer) marks the phases): model state in parameter
@@ -88,6 +91,8 @@ pub struct PlanConfig {
     pub optimizer_copies: usize,
     /// The two per-rank batches the probe runs at.
     pub probe_batches: (usize, usize),
+    /// DDP's gradient bucket size (as [`RtpConfig::with_ddp_bucket_bytes`]; 0: no buckets).
+    pub ddp_bucket_bytes: usize,
 }
 
 impl Default for PlanConfig {
@@ -96,6 +101,7 @@ impl Default for PlanConfig {
             shard_threshold: DEFAULT_SHARD_THRESHOLD,
             optimizer_copies: 2,
             probe_batches: (1, 2),
+            ddp_bucket_bytes: crate::config::DEFAULT_DDP_BUCKET_BYTES,
         }
     }
 }
@@ -104,6 +110,12 @@ impl PlanConfig {
     /// Sets the shard threshold the planned runs will use.
     pub fn with_shard_threshold(mut self, elements: usize) -> Self {
         self.shard_threshold = elements;
+        self
+    }
+
+    /// Sets DDP's gradient bucket size the planned runs will use.
+    pub fn with_ddp_bucket_bytes(mut self, bytes: usize) -> Self {
+        self.ddp_bucket_bytes = bytes;
         self
     }
 
@@ -529,14 +541,42 @@ impl Planner {
                 }
             }
             Strategy::Fsdp => {
-                // Forward: a layer's gathered weight and bias while it computes. Backward:
-                // those, while the parts of the next gather (or the chunks of the gradient's
-                // reduce-scatter) arrive.
+                // Forward: a layer's gathered weight and bias while it computes (the next
+                // layer's, gathered ahead, replaces it as the last layer's output becomes the
+                // activations' peak). Backward: those, while the parts of the next gather (or
+                // the chunks of the gradient's reduce-scatter) arrive, and the next weight
+                // gathered ahead. The backward gathers a weight for dX in every layer but the
+                // first (whose input is the data), so it has a next weight to gather ahead
+                // only in a model of three weights or more.
                 let full = bundles(&full);
+                let weights = self
+                    .shapes
+                    .iter()
+                    .filter(|s| s.num_dims() >= 2 && sharded(s))
+                    .count();
+                let ahead = if weights >= 3 { full } else { 0 };
                 Buffers {
                     forward: full,
-                    backward: (full as f64 * (2.0 - 1.0 / world as f64)).round() as u64,
+                    backward: (full as f64 * (2.0 - 1.0 / world as f64)).round() as u64 + ahead,
                     update: 0,
+                }
+            }
+            Strategy::Ddp if self.config.ddp_bucket_bytes > 0 => {
+                // With buckets, the step starts with the sum of every bucketed gradient beside
+                // the gradient itself (each one at least N elements; the few others, such as
+                // LayerNorm gains, are counted too, a slight overestimate), while the last
+                // bucket's chunks arrive.
+                let bucketed: u64 = self
+                    .shapes
+                    .iter()
+                    .filter(|s| s.num_elements() >= world)
+                    .map(full)
+                    .sum();
+                let last = bucketed.min(self.config.ddp_bucket_bytes as u64);
+                Buffers {
+                    forward: 0,
+                    backward: 0,
+                    update: bucketed + last.div_ceil(world as u64),
                 }
             }
             Strategy::Ddp => {

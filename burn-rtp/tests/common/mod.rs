@@ -16,7 +16,7 @@ use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Int, Tensor, TensorData};
-use burn_rtp::{launch, RotationKernels, Rtp, RtpConfig, RtpOptimizer, RtpResult};
+use burn_rtp::{RotationKernels, Rtp, RtpConfig, RtpOptimizer, RtpResult};
 
 pub const VOCAB: usize = 67;
 pub const D_MODEL: usize = 36;
@@ -499,6 +499,10 @@ pub struct Counted {
     pub launches: u64,
     /// Exchanges with other ranks over the whole run.
     pub exchanges: u64,
+    /// What DDP's gradient buckets did over the whole run.
+    pub buckets: burn_rtp::DdpBuckets,
+    /// What FSDP's prefetch did over the whole run.
+    pub prefetches: burn_rtp::FsdpPrefetches,
 }
 
 /// Distributed training on `Autodiff<Rtp<I>, C>`: autodiff's checkpointing strategy `C`
@@ -508,9 +512,19 @@ pub fn rtp_run_checkpointed<I: RotationKernels, C: CheckpointStrategy>(
     config: RtpConfig,
     weights: &[u8],
 ) -> RtpResult<Vec<Counted>> {
+    rtp_run_checkpointed_on::<I, C>(which, config, weights, |_| Default::default())
+}
+
+/// Like [`rtp_run_checkpointed`], with rank `r`'s inner device `inner_device(r)`.
+pub fn rtp_run_checkpointed_on<I: RotationKernels, C: CheckpointStrategy>(
+    which: Which,
+    config: RtpConfig,
+    weights: &[u8],
+    inner_device: impl Fn(usize) -> I::Device,
+) -> RtpResult<Vec<Counted>> {
     type Dist<I, C> = burn::backend::Autodiff<Rtp<I>, C>;
     let world = config.world_size;
-    launch(config, |device| {
+    burn_rtp::try_launch_on(config, inner_device, |device| {
         let before = burn_rtp_kernels::fused_launches_on_this_thread();
         let exchanges = device.exchanges();
         let rows = rows(device.rank(), world);
@@ -530,11 +544,13 @@ pub fn rtp_run_checkpointed<I: RotationKernels, C: CheckpointStrategy>(
                 (losses, param_values(&model))
             }
         };
-        Counted {
+        Ok::<_, std::convert::Infallible>(Counted {
             run,
             launches: burn_rtp_kernels::fused_launches_on_this_thread() - before,
             exchanges: device.exchanges() - exchanges,
-        }
+            buckets: device.ddp_buckets(),
+            prefetches: device.fsdp_prefetches(),
+        })
     })
 }
 
@@ -542,6 +558,14 @@ pub fn rtp_run_checkpointed<I: RotationKernels, C: CheckpointStrategy>(
 /// single-device `Autodiff<NdArray>`, for the MLP and the language model; fails if no fused
 /// kernel launched.
 pub fn fused_matches_single_device<I: RotationKernels>(n: usize) {
+    fused_matches_single_device_on::<I>(n, |_| Default::default());
+}
+
+/// Like [`fused_matches_single_device`], with rank `r` on the inner device `inner_device(r)`.
+pub fn fused_matches_single_device_on<I: RotationKernels>(
+    n: usize,
+    inner_device: impl Fn(usize) -> I::Device + Copy,
+) {
     use burn_rtp::KernelPath;
     assert_eq!(
         I::kernel_path(),
@@ -564,14 +588,16 @@ pub fn fused_matches_single_device<I: RotationKernels>(n: usize) {
                 (w, r)
             }
         };
-        let counted = rtp_run_counting::<I>(which, config(), &weights).expect("RTP run");
-        for (rank, (_, launches)) in counted.iter().enumerate() {
+        let counted =
+            rtp_run_checkpointed_on::<I, NoCheckpointing>(which, config(), &weights, inner_device)
+                .expect("RTP run");
+        for (rank, c) in counted.iter().enumerate() {
             assert!(
-                *launches > 0,
+                c.launches > 0,
                 "{label}: rank {rank} launched no fused kernel"
             );
         }
-        let runs: Vec<RankRun> = counted.into_iter().map(|(run, _)| run).collect();
+        let runs: Vec<RankRun> = counted.into_iter().map(|c| c.run).collect();
         if let Err(e) = compare(which, &ref_losses, &ref_params, &runs, &label) {
             panic!("{e}");
         }

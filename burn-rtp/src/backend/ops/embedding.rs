@@ -60,9 +60,14 @@ pub(super) fn backward<B: RotationKernels>(
     let op = "embedding_backward";
     match WeightUse::of(&weights) {
         WeightUse::Whole => {
+            let replicated = weights.layout == Layout::Replicated;
             let w = full_inner(weights, op);
             let dy = full_inner(output_grad, op);
-            local(&ctx, B::embedding_backward(w.get(), dy.get(), indices))
+            let dw = local(&ctx, B::embedding_backward(w.get(), dy.get(), indices));
+            if replicated {
+                dw.offer_to_bucket();
+            }
+            dw
         }
         WeightUse::Gathered(spec) => {
             let dy = full_inner(output_grad, op);

@@ -330,7 +330,13 @@ pub(super) fn weight_backward<B: RotationKernels>(
     let (weight_layout, bias_layout) = layouts.unwrap_or((Layout::Local, None));
     let mut deferred = Deferred::new(x_id, dy_id, bias_layout);
     let dw = match WeightUse::of_layout(&weight_layout, &ctx) {
-        WeightUse::Whole => return local(&ctx, kernels::weight_grad_whole::<B>(x.get(), dy.get())),
+        WeightUse::Whole => {
+            let dw = local(&ctx, kernels::weight_grad_whole::<B>(x.get(), dy.get()));
+            if weight_layout == Layout::Replicated {
+                dw.offer_to_bucket();
+            }
+            dw
+        }
         WeightUse::Gathered(spec) => {
             let full = kernels::weight_grad_whole::<B>(x.get(), dy.get());
             reduce_scatter_full(&ctx, "linear.reduce_scatter_weight", spec, full)
@@ -358,7 +364,13 @@ pub(super) fn bias_backward<B: RotationKernels>(dy: RtpTensor<B>) -> RtpTensor<B
     // Not known (no forward record): a per-rank gradient, which RtpOptimizer averages.
     let layout = layout.unwrap_or(Layout::Local);
     match WeightUse::of_layout(&layout, &ctx) {
-        WeightUse::Whole => local(&ctx, B::linear_bias_backward(dy.get())),
+        WeightUse::Whole => {
+            let db = local(&ctx, B::linear_bias_backward(dy.get()));
+            if layout == Layout::Replicated {
+                db.offer_to_bucket();
+            }
+            db
+        }
         WeightUse::Gathered(spec) => {
             let full = B::linear_bias_backward(dy.get());
             reduce_scatter_full(&ctx, "linear.reduce_scatter_bias", spec, full)

@@ -5,9 +5,9 @@
 use super::Float;
 use crate::backend::rank::RankCtx;
 use crate::backend::tensor::RtpTensor;
-use crate::comm::collectives::{all_gather, reduce_scatter_columns};
+use crate::comm::collectives::reduce_scatter_columns;
 use crate::config::Strategy;
-use crate::state::accounting::{Category, Held};
+use crate::state::accounting::Held;
 use crate::state::sharding::{Layout, ShardSpec};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Scalar, Shape, TensorMetadata};
@@ -58,7 +58,7 @@ pub(super) fn mean_over_ranks<B: Backend>(ctx: &RankCtx<B>, g: Float<B>) -> Floa
 /// that is not sharded is taken as it is.
 pub(super) fn gather_unit<B: Backend>(t: RtpTensor<B>, op: &'static str) -> Held<B> {
     match t.layout {
-        Layout::Sharded(_) => all_gather(&t.ctx.comm, &t.inner, &t.layout, op, Category::InFlight),
+        Layout::Sharded(_) => t.gather_param(op),
         _ => t.held(),
     }
 }
