@@ -68,8 +68,8 @@ pub(crate) fn unary<B: Backend>(
     f: impl FnOnce(Float<B>) -> Float<B>,
 ) -> RtpTensor<B> {
     let layout = t.layout.clone();
-    let inner = f(t.inner.clone());
-    t.derive(inner, layout)
+    let (inner, rest) = t.take();
+    rest.derive(f(inner), layout)
 }
 
 /// Runs an op that needs full operands: sharded inputs are gathered, the result is full.
@@ -155,8 +155,8 @@ pub(crate) fn binary<B: Backend>(
     match (&lhs.layout, &rhs.layout) {
         (Layout::Local, Layout::Local) | (Layout::Replicated, Layout::Replicated) => {
             let layout = lhs.layout.clone();
-            let inner = f(lhs.inner.clone(), rhs.inner);
-            lhs.derive(inner, layout)
+            let (inner, rest) = lhs.take();
+            rest.derive(f(inner, rhs.inner), layout)
         }
         (Layout::Replicated, Layout::Local) | (Layout::Local, Layout::Replicated) => {
             if ls == rs {
@@ -167,13 +167,13 @@ pub(crate) fn binary<B: Backend>(
                 };
                 ambiguous(&lhs.ctx, op, layout, &ls);
             }
-            let inner = f(lhs.inner.clone(), rhs.inner);
-            lhs.derive(inner, Layout::Local)
+            let (inner, rest) = lhs.take();
+            rest.derive(f(inner, rhs.inner), Layout::Local)
         }
         (Layout::Sharded(a), Layout::Sharded(b)) if a.world == b.world && a.last() == b.last() => {
             let spec = a.with_full(out);
-            let inner = f(lhs.inner.clone(), rhs.inner);
-            lhs.derive(inner, Layout::Sharded(spec))
+            let (inner, rest) = lhs.take();
+            rest.derive(f(inner, rhs.inner), Layout::Sharded(spec))
         }
         (Layout::Sharded(_), Layout::Sharded(_)) => {
             let ctx = lhs.ctx.clone();
@@ -207,13 +207,13 @@ fn sharded_with_full<B: Backend>(
     // Broadcasting along the columns keeps a shard a shard only if the other operand is the
     // same on every rank: a local one (per-rank data) would make the "shard" differ by rank.
     if last_dim(&os) == 1 && last_dim(&out) == spec.last() && other.layout == Layout::Replicated {
-        let inner = f(shard.inner.clone(), other.inner);
-        return shard.derive(inner, Layout::Sharded(out_spec));
+        let (inner, rest) = shard.take();
+        return rest.derive(f(inner, other.inner), Layout::Sharded(out_spec));
     }
     if other.layout == Layout::Replicated && last_dim(&os) == spec.last() {
         let part = slice_columns::<B>(other.inner, spec.range(ctx.comm.rank));
-        let inner = f(shard.inner.clone(), part);
-        return shard.derive(inner, Layout::Sharded(out_spec));
+        let (inner, rest) = shard.take();
+        return rest.derive(f(inner, part), Layout::Sharded(out_spec));
     }
     // A same-shape local tensor meeting a shard is what an un-averaged gradient meeting its
     // parameter looks like, which is an error; except in a sum, where the gathered result is
@@ -251,8 +251,8 @@ pub(crate) fn reshaped<B: Backend>(
         }
         Layout::Sharded(_) => full_op(t, op, |x| f(x, None)),
         layout => {
-            let inner = f(t.inner.clone(), None);
-            t.derive(inner, layout)
+            let (inner, rest) = t.take();
+            rest.derive(f(inner, None), layout)
         }
     }
 }
