@@ -12,7 +12,8 @@
 //!   little about a GPU, only that the fused path is not slower where it should not be.
 //!
 //! Shapes: the GPT's config A (512 tokens per rank, d_model 256, MLP 256 → 1024, vocabulary
-//! 256) and d_model 1024 with 512 tokens per rank (1024 → 4096), each at N = 4, on the last
+//! 256) and d_model 1024 with 512 tokens per rank (1024 → 4096), and on CUDA also d_model 4096
+//! (4096 → 16384), each at N = 4, on the last
 //! shard's window (the right edge). Criterion measures each variant; then the two variants
 //! of each step run in alternating rounds and the table of median times and their ratio is
 //! printed. The bytes are counted from the tensors each variant must read and write (not
@@ -58,6 +59,16 @@ const SHAPES: [Dims; 2] = [
         vocab: 1024,
     },
 ];
+
+/// d_model 4096 (4096 → 16384), on GPUs only: too slow for a CPU rasteriser in CI.
+#[cfg(feature = "cuda")]
+const LARGE: Dims = Dims {
+    name: "d_model 4096",
+    tokens: 512,
+    d_in: 4096,
+    d_out: 16384,
+    vocab: 4096,
+};
 
 fn quick() -> bool {
     std::env::var("RTP_BENCH_QUICK").is_ok_and(|v| v != "0")
@@ -279,9 +290,14 @@ fn criterion() -> Criterion {
 }
 
 /// Each step on backend `B`, fused against composed; returns the table's rows.
-fn steps_on<B: RotationKernels>(c: &mut Criterion, label: &str, device: &B::Device) -> Vec<String> {
+fn steps_on<B: RotationKernels>(
+    c: &mut Criterion,
+    label: &str,
+    device: &B::Device,
+    shapes: &[Dims],
+) -> Vec<String> {
     let mut rows = Vec::new();
-    for d in SHAPES {
+    for &d in shapes {
         let inputs = Inputs::<B>::new(d, device);
         let sync = || B::sync(device).expect("sync");
         for (s, step) in STEPS.iter().enumerate() {
@@ -473,13 +489,19 @@ fn main() {
         &mut c,
         "ndarray (native)",
         &Default::default(),
+        &SHAPES,
     ));
     #[cfg(feature = "wgpu")]
     let rows = {
         use burn::backend::wgpu::{Wgpu, WgpuDevice};
         let mut rows = rows;
         let device = WgpuDevice::default();
-        rows.extend(steps_on::<Wgpu>(&mut c, "wgpu (lavapipe)", &device));
+        rows.extend(steps_on::<Wgpu>(
+            &mut c,
+            "wgpu (lavapipe)",
+            &device,
+            &SHAPES,
+        ));
         rows
     };
     #[cfg(feature = "cuda")]
@@ -487,7 +509,8 @@ fn main() {
         use burn::backend::cuda::{Cuda, CudaDevice};
         let mut rows = rows;
         let device = CudaDevice::default();
-        rows.extend(steps_on::<Cuda>(&mut c, "cuda", &device));
+        let shapes = [SHAPES[0], SHAPES[1], LARGE];
+        rows.extend(steps_on::<Cuda>(&mut c, "cuda", &device, &shapes));
         rows
     };
     c.final_summary();

@@ -18,3 +18,20 @@ fn n2_matches_single_device_ndarray() {
 fn n3_matches_single_device_ndarray() {
     common::fused_matches_single_device::<Wgpu>(3);
 }
+
+/// Ranks on two wgpu devices that share no handles (each device is its own cubecl client):
+/// every received shard must be moved to the receiving rank's device, or the receiver would
+/// compute with a handle its client does not own.
+#[test]
+fn n2_on_two_devices_matches_single_device_ndarray() {
+    use burn::backend::wgpu::WgpuDevice;
+    let device = |rank: usize| {
+        if rank == 0 {
+            WgpuDevice::DefaultDevice
+        } else {
+            WgpuDevice::Cpu
+        }
+    };
+    assert_ne!(device(0), device(1), "the test needs two distinct devices");
+    common::fused_matches_single_device_on::<Wgpu>(2, device);
+}

@@ -65,10 +65,15 @@ pub struct Report {
     /// `none` or `balanced`: whether the backward pass recomputed memory-bound activations.
     #[serde(default)]
     pub activation_checkpointing: String,
+    /// Each rank's share of its transfer time that fell during its compute, over the last 20
+    /// steps (never the first); `null` where nothing was received. On a GPU the intervals are
+    /// host times around launches and syncs, not the device's own timestamps.
+    #[serde(default)]
+    pub hidden_transfer_fraction_per_rank: Vec<Option<f64>>,
 }
 
 /// The keys a report must have; tests and tools check against this list.
-pub const REPORT_KEYS: [&str; 16] = [
+pub const REPORT_KEYS: [&str; 17] = [
     "strategy",
     "ranks",
     "steps",
@@ -85,4 +90,5 @@ pub const REPORT_KEYS: [&str; 16] = [
     "ideal_model_state_bytes_per_rank",
     "kernels",
     "activation_checkpointing",
+    "hidden_transfer_fraction_per_rank",
 ];

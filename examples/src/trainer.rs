@@ -329,6 +329,8 @@ struct RankMemory {
     rss: u64,
     /// The transport's pacing (MPI only).
     progress: Option<String>,
+    /// Share of the recorded transfer time hidden behind compute.
+    hidden: Option<f64>,
 }
 
 /// Mean validation loss over `eval_batches` batches, split across ranks.
@@ -433,7 +435,12 @@ struct RankLog {
     saved_at: Option<usize>,
     stopped_at: Option<usize>,
     failure: Option<(burn_rtp::RtpError, usize)>,
+    /// Share of the transfer time of the last steps that fell during compute.
+    hidden: Option<f64>,
 }
+
+/// How many of a run's last steps the timeline records for the report's hidden share.
+const TIMELINE_STEPS: usize = 20;
 
 impl RankJob<'_> {
     /// One rank's whole run: set up, train step by step, then evaluate, save and report.
@@ -449,7 +456,17 @@ impl RankJob<'_> {
             ..RankLog::default()
         };
         let one_process_per_rank = burn_rtp::transport::mpi_launch().is_some();
+        // The timeline records the last TIMELINE_STEPS steps, never the first (its one-off
+        // costs, kernel compilation on a GPU, are not the run's overlap).
+        let record_from = self
+            .steps
+            .end
+            .saturating_sub(TIMELINE_STEPS)
+            .max(self.steps.start + 1);
         for step in self.steps.clone() {
+            if step == record_from {
+                device.record_timeline(true);
+            }
             let t0 = Instant::now();
             let done = step + 1;
             crate::restart::maybe_fail(device.rank(), done, one_process_per_rank);
@@ -491,6 +508,9 @@ impl RankJob<'_> {
                 }
             }
         }
+        let timeline = device.take_timeline();
+        device.record_timeline(false);
+        log.hidden = burn_rtp::timeline::hidden_transfer_fraction(&timeline);
         self.finish(&device, model, &optim, initial_val, log)
     }
 
@@ -651,6 +671,7 @@ impl RankJob<'_> {
             ledger: PeakBytes::from(device.memory_peak()),
             rss: burn_rtp::peak_rss_bytes().unwrap_or(0),
             progress: device.progress_policy(),
+            hidden: log.hidden,
         };
         result.memory = device.all_gather_json(&own);
         // A stopped run was asked to end soon: it skips the sample.
@@ -832,6 +853,7 @@ fn train_once<I: RotationKernels>(
         ideal_model_state_bytes_per_rank: (first.params * 4 * 4 / world) as u64,
         kernels: I::kernel_path().to_string(),
         activation_checkpointing: cfg.activation_checkpointing.to_string(),
+        hidden_transfer_fraction_per_rank: first.memory.iter().map(|m| m.hidden).collect(),
     };
     Ok(TrainOutcome {
         rank: first.rank,

@@ -84,7 +84,8 @@ fn to_payloads<B: Backend>(ctx: &Comm<B>, tensors: &[Float<B>]) -> Payloads<B> {
     }
 }
 
-/// Turns a received payload into an inner tensor on this rank's device.
+/// Turns a received payload into an inner tensor: host payloads on this rank's device, a
+/// device payload where its sender left it ([`adopt`] moves it).
 fn from_payload<B: Backend>(ctx: &Comm<B>, p: Payload<Float<B>>) -> Float<B> {
     match p {
         Payload::Device(t) => t,
@@ -118,16 +119,35 @@ pub(crate) fn fence<B: Backend>(ctx: &Comm<B>) {
     }
 }
 
-/// Takes ownership of received tensors: on backends that run ranks on separate streams, each
-/// one is copied into a buffer of this rank's stream and the received handle is released only
-/// after the copy ran, so no buffer is ever written by one rank while another still uses it.
+/// Takes ownership of received tensors, each on this rank's device.
+///
+/// A tensor from a rank on another device (another GPU, another wgpu client) is copied here
+/// through the host: this rank's kernels cannot read another device's handles. On backends that run ranks on
+/// separate streams of one device, each one is copied into a buffer of this rank's stream and
+/// the received handle is released only after the copy ran, so no buffer is ever written by
+/// one rank while another still uses it.
 fn adopt<B: Backend>(ctx: &Comm<B>, received: Vec<Float<B>>) -> Vec<Float<B>> {
-    if !ctx.copies_on_receive() {
-        return received;
+    let mut copied_from = Vec::new();
+    let own = received
+        .into_iter()
+        .map(|t| {
+            if B::float_device(&t) != ctx.inner {
+                // Through the host: Burn 0.21's `float_to_device` on cubecl backends needs the
+                // runtime's server-to-server transfers, which cubecl-wgpu does not implement.
+                B::float_from_data(read_host::<B>(t), &ctx.inner)
+            } else if ctx.copies_on_receive() {
+                let own = fresh_copy::<B>(&t);
+                copied_from.push(t);
+                own
+            } else {
+                t
+            }
+        })
+        .collect();
+    if !copied_from.is_empty() {
+        fence(ctx);
+        drop(copied_from);
     }
-    let own = received.iter().map(fresh_copy::<B>).collect();
-    fence(ctx);
-    drop(received);
     own
 }
 
