@@ -119,6 +119,45 @@ pub const IN_PROCESS: &[Figure] = &[
     ),
 ];
 
+/// The MPI report's figures against PyTorch, present when it ran with `--pytorch`.
+pub const MPI_PYTORCH: &[Figure] = &[
+    fig(
+        "mpi_rtp_over_pytorch_ddp_step_b_n4",
+        "our RTP / PyTorch DDP step time, config B, N=4",
+        Bound::AtMost(0.80),
+    ),
+    fig(
+        "mpi_ddp_over_pytorch_ddp_step_a_n4",
+        "our DDP / PyTorch DDP step time, config A, N=4",
+        Bound::AtMost(1.30),
+    ),
+    fig(
+        "mpi_rtp_over_pytorch_ddp_rss_b_n4",
+        "our RTP / PyTorch DDP peak RSS per process, config B, N=4",
+        Bound::AtMost(0.20),
+    ),
+    fig(
+        "mpi_rtp_over_pytorch_ddp_step_a_n4",
+        "our RTP / PyTorch DDP step time, config A, N=4",
+        Bound::Reported,
+    ),
+    fig(
+        "mpi_ddp_over_pytorch_ddp_step_b_n4",
+        "our DDP / PyTorch DDP step time, config B, N=4",
+        Bound::Reported,
+    ),
+    fig(
+        "mpi_fsdp_over_pytorch_fsdp_step_b_n4",
+        "our FSDP / PyTorch FSDP2 step time, config B, N=4",
+        Bound::Reported,
+    ),
+    fig(
+        "mpi_rtp_over_pytorch_fsdp_step_b_n4",
+        "our RTP / PyTorch FSDP2 step time, config B, N=4",
+        Bound::Reported,
+    ),
+];
+
 /// The MPI scaling report's headline figures (`benches/report/mpi/report.json`).
 pub const MPI: &[Figure] = &[
     fig(
@@ -144,7 +183,37 @@ pub const MPI: &[Figure] = &[
     fig(
         "mpi_rtp_over_ddp_step_b_n4",
         "RTP / DDP step time, config B, N=4",
-        Bound::AtMost(1.05),
+        Bound::AtMost(0.80),
+    ),
+    fig(
+        "mpi_ddp_hidden_fraction_b_n4",
+        "share of DDP's all-reduce wire time hidden under the backward, config B, N=4",
+        Bound::AtLeast(0.5),
+    ),
+    fig(
+        "mpi_fsdp_hidden_fraction_b_n4",
+        "share of FSDP's all-gather wire time its rank did not wait for (prefetched), config B, N=4",
+        Bound::Reported,
+    ),
+    fig(
+        "mpi_ddp_over_unbucketed_ddp_step_a_n2",
+        "DDP with buckets / without, step time, config A, N=2",
+        Bound::AtMost(1.00),
+    ),
+    fig(
+        "mpi_ddp_over_unbucketed_ddp_step_a_n4",
+        "DDP with buckets / without, step time, config A, N=4",
+        Bound::AtMost(1.00),
+    ),
+    fig(
+        "mpi_ddp_over_unbucketed_ddp_step_b_n2",
+        "DDP with buckets / without, step time, config B, N=2",
+        Bound::AtMost(1.00),
+    ),
+    fig(
+        "mpi_ddp_over_unbucketed_ddp_step_b_n4",
+        "DDP with buckets / without, step time, config B, N=4",
+        Bound::AtMost(1.00),
     ),
     fig(
         "mpi_rtp_over_fsdp_step_a_n4",
@@ -311,6 +380,86 @@ pub mod committed {
     pub const NET: &str = "benches/report/net/report.json";
     /// The quick start's run: `gpt --report` at its default settings.
     pub const QUICKSTART: &str = "benches/report/quickstart/report.json";
+    /// The CPU profiles (`benches/profile/cpu_profile.py --out`), one JSON file each.
+    pub const PROFILES: &str = "benches/report/profile";
+}
+
+/// One CPU profile, as `benches/profile/cpu_profile.py --out` writes it.
+#[derive(Debug, Clone, Deserialize)]
+pub struct CpuProfile {
+    /// `ours-ddp`, `pytorch-ddp`, ...
+    pub runner: String,
+    /// `a` or `b`.
+    pub config: String,
+    /// World size.
+    pub ranks: usize,
+    /// The job's median step, barrier to barrier, in milliseconds.
+    pub median_step_ms: f64,
+    /// Rank 0's CPU time per step (start-up and the warm-up step spread over the steps).
+    pub cpu_ms_per_step: f64,
+    /// What rank 0's CPU did, by category, as shares of its samples, in the script's order.
+    pub shares: serde_json::Map<String, Value>,
+}
+
+impl CpuProfile {
+    /// Every profile under `dir`, by file name.
+    pub fn read_all(dir: &Path) -> Result<Vec<Self>, String> {
+        let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
+            .map_err(|e| format!("cannot read {}: {e}", dir.display()))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "json"))
+            .collect();
+        paths.sort();
+        paths
+            .iter()
+            .map(|p| {
+                let text = std::fs::read_to_string(p)
+                    .map_err(|e| format!("cannot read {}: {e}", p.display()))?;
+                serde_json::from_str(&text).map_err(|e| format!("{}: {e}", p.display()))
+            })
+            .collect()
+    }
+}
+
+/// The CPU profiles side by side: one row per category, one column per profile, each cell
+/// the CPU milliseconds per step and the share of the profile's samples.
+pub fn profile_block(profiles: &[CpuProfile]) -> String {
+    let mut md = String::from("| what rank 0's CPU did |");
+    for p in profiles {
+        md += &format!(
+            " {}, {}, N={} |",
+            p.runner,
+            p.config.to_uppercase(),
+            p.ranks
+        );
+    }
+    md += "\n|---|";
+    md += &"---|".repeat(profiles.len());
+    md += "\n";
+    let categories: Vec<&String> = profiles
+        .first()
+        .map_or(Vec::new(), |p| p.shares.keys().collect());
+    for c in categories {
+        md += &format!("| {c} |");
+        for p in profiles {
+            let share = p.shares.get(c).and_then(Value::as_f64).unwrap_or(0.0);
+            md += &format!(
+                " {:.0} ms ({:.0}%) |",
+                share * p.cpu_ms_per_step,
+                share * 100.0
+            );
+        }
+        md += "\n";
+    }
+    md += "| **CPU per step, all** |";
+    for p in profiles {
+        md += &format!(" **{:.0} ms** |", p.cpu_ms_per_step);
+    }
+    md += "\n| median step, barrier to barrier |";
+    for p in profiles {
+        md += &format!(" {:.0} ms |", p.median_step_ms);
+    }
+    md + "\n"
 }
 
 /// The part of the GPT trainer's `--report` JSON that the quick start quotes.

@@ -43,11 +43,25 @@ pub struct Variant {
     pub strategy: Strategy,
     /// The rotation mode (RTP only).
     pub rotation: RotationMode,
+    /// DDP only: whether gradients are all-reduced in buckets during the backward (the
+    /// default), or each on its own after it (the DDP this project had before buckets).
+    #[serde(default = "yes")]
+    pub buckets: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 impl Variant {
-    /// Data parallelism.
+    /// Data parallelism, its gradients all-reduced in 25 MiB buckets during the backward.
     pub const DDP: Variant = Variant::of(Strategy::Ddp, RotationMode::OutOfPlace);
+    /// Data parallelism without buckets: each gradient all-reduced on its own after the
+    /// backward (the weaker baseline, kept to show what the buckets gain).
+    pub const DDP_UNBUCKETED: Variant = Variant {
+        buckets: false,
+        ..Variant::DDP
+    };
     /// ZeRO-3.
     pub const FSDP: Variant = Variant::of(Strategy::Fsdp, RotationMode::OutOfPlace);
     /// RTP, double-buffered.
@@ -69,19 +83,29 @@ impl Variant {
             Strategy::Rtp => rotation,
             _ => RotationMode::OutOfPlace,
         };
-        Variant { strategy, rotation }
+        Variant {
+            strategy,
+            rotation,
+            buckets: true,
+        }
     }
 
     /// The decorator's configuration of this variant on `ranks` ranks.
     pub fn config(self, ranks: usize) -> burn_rtp::RtpConfig {
-        burn_rtp::RtpConfig::new(ranks)
+        let config = burn_rtp::RtpConfig::new(ranks)
             .with_strategy(self.strategy)
-            .with_rotation(self.rotation)
+            .with_rotation(self.rotation);
+        if self.buckets {
+            config
+        } else {
+            config.with_ddp_bucket_bytes(0)
+        }
     }
 
     /// Short name for tables and bench ids.
     pub fn name(self) -> &'static str {
         match (self.strategy, self.rotation) {
+            (Strategy::Ddp, _) if !self.buckets => "ddp-unbucketed",
             (Strategy::Ddp, _) => "ddp",
             (Strategy::Fsdp, _) => "fsdp",
             (Strategy::Rtp, RotationMode::OutOfPlace) => "rtp-oop",

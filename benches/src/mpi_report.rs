@@ -242,6 +242,9 @@ pub struct MpiReportConfig {
     pub mpi_progress: MpiProgress,
     /// Whether every timed job's ranks also write their timelines (under `out/jobs/`).
     pub timelines: bool,
+    /// The Python that runs the PyTorch peer (`benches/peers/pytorch/gpt_peer.py`): its DDP
+    /// and FSDP2 then run in every cell beside ours, alternating with them (`None`: ours only).
+    pub pytorch: Option<PathBuf>,
 }
 
 impl MpiReportConfig {
@@ -275,6 +278,7 @@ impl MpiReportConfig {
             planner_grid: crate::planner_check::rss_grid(),
             mpi_progress: MpiProgress::Auto,
             timelines: false,
+            pytorch: None,
         }
     }
 
@@ -303,12 +307,68 @@ impl MpiReportConfig {
             planner_grid: crate::planner_check::tiny_grid()[..1].to_vec(),
             mpi_progress: MpiProgress::Auto,
             timelines: false,
+            pytorch: None,
         }
     }
 }
 
-/// The strategies of the MPI report, in their first order.
-const STRATEGIES: [Variant; 3] = [Variant::DDP, Variant::FSDP, Variant::RTP_OUT_OF_PLACE];
+/// The strategies of the MPI report, in their first order: DDP with buckets (the baseline
+/// every ratio is against), and without them, to show what the buckets gain.
+const STRATEGIES: [Variant; 4] = [
+    Variant::DDP,
+    Variant::FSDP,
+    Variant::RTP_OUT_OF_PLACE,
+    Variant::DDP_UNBUCKETED,
+];
+
+/// What a cell's job runs: one of our strategies, or the PyTorch peer's.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Runner {
+    /// Our strategy, in this process's binary.
+    Ours(Variant),
+    /// PyTorch's DDP (`ddp`) or FSDP2 (`fsdp`), in the peer script.
+    PyTorch(&'static str),
+}
+
+impl Runner {
+    /// Its name in cells and keys.
+    fn name(self) -> &'static str {
+        match self {
+            Runner::Ours(v) => v.name(),
+            Runner::PyTorch("ddp") => "pytorch-ddp",
+            Runner::PyTorch(_) => "pytorch-fsdp",
+        }
+    }
+}
+
+/// The PyTorch peer script of this source tree.
+pub fn pytorch_peer_script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("peers/pytorch/gpt_peer.py")
+}
+
+/// Runs `job` as PyTorch's `strategy` (`ddp` or `fsdp`) under `mpirun -np ranks`, with
+/// `python` running the peer script; gloo finds its peers through a free local port.
+fn run_peer(python: &Path, strategy: &str, ranks: usize, job: &Job) -> Result<JobResult, String> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_err(|e| format!("no free local port for gloo: {e}"))?
+        .port()
+        .to_string();
+    let mut cmd = Command::new("mpirun");
+    cmd.args(["--oversubscribe", "--allow-run-as-root", "-np"])
+        .arg(ranks.to_string());
+    for (name, value) in [("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", port.as_str())] {
+        cmd.arg("-x").arg(name).env(name, value);
+    }
+    cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .arg(python)
+        .arg(pytorch_peer_script())
+        .args(["--strategy", strategy, "--job"])
+        .arg(serde_json::to_string(job).expect("serialisable"));
+    let what = format!("PyTorch {strategy} at -np {ranks}");
+    job_output(cmd, job, &what, false)?.ok_or_else(|| format!("{what} wrote no result"))
+}
 
 /// Runs `job` under `mpirun -np ranks` (optionally under `prlimit --as`); `Ok(None)` when the
 /// job failed, which the capacity search reads as "does not fit".
@@ -439,22 +499,31 @@ pub fn run(
     for c in &cfg.configs {
         for &n in &cfg.ranks {
             for repeat in 0..cfg.repeats {
-                let mut order = STRATEGIES;
-                order.rotate_left(repeat % STRATEGIES.len());
-                for variant in order {
+                let mut order: Vec<Runner> = STRATEGIES.map(Runner::Ours).to_vec();
+                if cfg.pytorch.is_some() {
+                    order.extend([Runner::PyTorch("ddp"), Runner::PyTorch("fsdp")]);
+                }
+                let len = order.len();
+                order.rotate_left(repeat % len);
+                for runner in order {
+                    let variant = match runner {
+                        Runner::Ours(v) => v,
+                        // The peer reads the model, the batch and the steps; not the variant.
+                        Runner::PyTorch(_) => Variant::DDP,
+                    };
                     let job = Job {
                         variant,
                         model: c.model.clone(),
                         batch_per_rank: c.batch_per_rank,
                         warmup: cfg.warmup,
                         steps: cfg.steps,
-                        out: scratch.join(format!("{}-{n}-{}.json", c.name, variant.name())),
+                        out: scratch.join(format!("{}-{n}-{}.json", c.name, runner.name())),
                         mpi_progress: cfg.mpi_progress,
-                        timeline: cfg.timelines.then(|| {
+                        timeline: (cfg.timelines && matches!(runner, Runner::Ours(_))).then(|| {
                             scratch.join(format!(
                                 "timeline-{}-{n}-{}-{repeat}",
                                 c.name,
-                                variant.name()
+                                runner.name()
                             ))
                         }),
                         activation_checkpointing: ActivationCheckpointing::None,
@@ -465,7 +534,12 @@ pub fn run(
                             let _ = std::fs::remove_file(timeline_file(stem, rank));
                         }
                     }
-                    let r = run_job(exe, n, &job, None, &[])?.expect("failures are errors here");
+                    let r = match (runner, &cfg.pytorch) {
+                        (Runner::PyTorch(strategy), Some(python)) => {
+                            run_peer(python, strategy, n, &job)?
+                        }
+                        _ => run_job(exe, n, &job, None, &[])?.expect("failures are errors here"),
+                    };
                     if let Some(stem) = &job.timeline {
                         check_timelines(stem, n)?;
                     }
@@ -473,13 +547,13 @@ pub fn run(
                     let rss = r.peak_rss_bytes.iter().copied().max().unwrap_or(0);
                     let ledger = r.ledger_peak_bytes.iter().copied().max().unwrap_or(0);
                     log(&format!(
-                        "config {} N={n} {:<7} step {step:>8.1} ms, peak RSS {} (ledger {})",
+                        "config {} N={n} {:<14} step {step:>8.1} ms, peak RSS {} (ledger {})",
                         c.name.to_uppercase(),
-                        variant.name(),
+                        runner.name(),
                         human_bytes(rss),
                         human_bytes(ledger)
                     ));
-                    let cell = cells.entry((c.name, n, variant.name())).or_default();
+                    let cell = cells.entry((c.name, n, runner.name())).or_default();
                     cell.step_ms.push(step);
                     cell.rss.push(rss as f64);
                     cell.ledger.push(ledger as f64);
@@ -495,10 +569,13 @@ pub fn run(
             }
         }
     }
-    let med = |c: &str, n: usize, v: Variant, pick: &dyn Fn(&Cell) -> &Vec<f64>| {
+    let by_name = |c: &str, n: usize, name: &str, pick: &dyn Fn(&Cell) -> &Vec<f64>| {
         cells
-            .get(&(c, n, v.name()))
+            .get(&(c, n, name))
             .map_or(f64::NAN, |cell| median(pick(cell)))
+    };
+    let med = |c: &str, n: usize, v: Variant, pick: &dyn Fn(&Cell) -> &Vec<f64>| {
+        by_name(c, n, v.name(), pick)
     };
     let step = |c, n, v| med(c, n, v, &|cell| &cell.step_ms);
     let rss = |c, n, v| med(c, n, v, &|cell| &cell.rss);
@@ -510,6 +587,12 @@ pub fn run(
                 json!(step(c, n, Variant::RTP_OUT_OF_PLACE) / step(c, n, Variant::DDP)),
             );
         }
+        for n in [2, 4] {
+            headline.insert(
+                format!("mpi_ddp_over_unbucketed_ddp_step_{c}_n{n}"),
+                json!(step(c, n, Variant::DDP) / step(c, n, Variant::DDP_UNBUCKETED)),
+            );
+        }
         headline.insert(
             format!("mpi_rtp_over_fsdp_step_{c}_n4"),
             json!(step(c, 4, Variant::RTP_OUT_OF_PLACE) / step(c, 4, Variant::FSDP)),
@@ -519,10 +602,62 @@ pub fn run(
         "mpi_rtp_over_ddp_rss_b_n4".into(),
         json!(rss("b", 4, Variant::RTP_OUT_OF_PLACE) / rss("b", 4, Variant::DDP)),
     );
+    // DDP hides its all-reduces under the backward: the wire time its rank did not spend
+    // waiting for them (its only waits are for the buckets at the step, and for the few
+    // collectives of its own thread).
+    headline.insert(
+        "mpi_ddp_hidden_fraction_b_n4".into(),
+        json!(1.0 - med("b", 4, Variant::DDP, &|cell| &cell.in_waits)),
+    );
+    // FSDP's prefetched gathers run on the worker while the layer before computes; what its
+    // rank still waited for is the rest.
+    headline.insert(
+        "mpi_fsdp_hidden_fraction_b_n4".into(),
+        json!(1.0 - med("b", 4, Variant::FSDP, &|cell| &cell.in_waits)),
+    );
     headline.insert(
         "mpi_overlap_fraction_b_n4".into(),
         json!(med("b", 4, Variant::RTP_OUT_OF_PLACE, &|cell| &cell.overlap)),
     );
+
+    if cfg.pytorch.is_some() {
+        let steps = |c: &'static str, v: Variant, name: &str| {
+            step(c, 4, v) / by_name(c, 4, name, &|cell| &cell.step_ms)
+        };
+        for (key, value) in [
+            (
+                "mpi_rtp_over_pytorch_ddp_step_a_n4",
+                steps("a", Variant::RTP_OUT_OF_PLACE, "pytorch-ddp"),
+            ),
+            (
+                "mpi_rtp_over_pytorch_ddp_step_b_n4",
+                steps("b", Variant::RTP_OUT_OF_PLACE, "pytorch-ddp"),
+            ),
+            (
+                "mpi_ddp_over_pytorch_ddp_step_a_n4",
+                steps("a", Variant::DDP, "pytorch-ddp"),
+            ),
+            (
+                "mpi_ddp_over_pytorch_ddp_step_b_n4",
+                steps("b", Variant::DDP, "pytorch-ddp"),
+            ),
+            (
+                "mpi_fsdp_over_pytorch_fsdp_step_b_n4",
+                steps("b", Variant::FSDP, "pytorch-fsdp"),
+            ),
+            (
+                "mpi_rtp_over_pytorch_fsdp_step_b_n4",
+                steps("b", Variant::RTP_OUT_OF_PLACE, "pytorch-fsdp"),
+            ),
+            (
+                "mpi_rtp_over_pytorch_ddp_rss_b_n4",
+                rss("b", 4, Variant::RTP_OUT_OF_PLACE)
+                    / by_name("b", 4, "pytorch-ddp", &|cell| &cell.rss),
+            ),
+        ] {
+            headline.insert(key.into(), json!(value));
+        }
+    }
 
     // Capacity: the largest candidate that trains 3 steps under the per-process limit.
     let capacity_n = 4;
@@ -626,6 +761,20 @@ pub fn run(
         .map(|(v, m, p)| json!({"strategy": v.name(), "ranks": capacity_n, "d_model": m.d_model, "layers": m.layers, "params": p}))
         .collect::<Vec<_>>());
     report["capacity_limit_bytes_per_process"] = json!(cfg.capacity_limit_bytes);
+    if let Some(python) = &cfg.pytorch {
+        // What the peer's processes said they ran (torch version, backend, threads).
+        let version: std::collections::BTreeSet<&String> = cells
+            .iter()
+            .filter(|((_, _, name), _)| name.starts_with("pytorch"))
+            .flat_map(|(_, cell)| &cell.progress)
+            .collect();
+        report["pytorch"] = json!({
+            "python": python,
+            "script": "benches/peers/pytorch/gpt_peer.py",
+            "version": version.into_iter().cloned().collect::<Vec<_>>().join("; "),
+            "command": format!("scaling-report --transport mpi --pytorch {}", python.display()),
+        });
+    }
     report["activation_checkpointing"] = activations.cells();
     let most = cfg.ranks.iter().copied().max().unwrap_or(0);
     let cores = std::thread::available_parallelism().map_or(0, |p| p.get());
@@ -810,7 +959,8 @@ pub fn planner_rows(
         let b = p.batch_per_rank;
         let plan_config = burn_rtp::PlanConfig::default().with_batch(b);
         let planner = burn_rtp_examples::plan::probe_gpt::<NdArray>(&p.model, plan_config)?;
-        for variant in STRATEGIES {
+        // The planner plans the default DDP (with buckets); the unbucketed one is a baseline.
+        for variant in STRATEGIES.into_iter().filter(|v| v.buckets) {
             let prediction = planner.predict(variant.strategy, variant.rotation, p.ranks, b);
             let predicted = prediction.total;
             let job = Job {
@@ -818,7 +968,7 @@ pub fn planner_rows(
                 model: p.model.clone(),
                 batch_per_rank: b,
                 warmup: 0,
-                steps: 2,
+                steps: 3,
                 out: scratch.join(format!("planner-{}.json", variant.name())),
                 mpi_progress,
                 timeline: None,
@@ -884,6 +1034,14 @@ fn markdown(
     }
     md += "\n";
     md += &crate::figures::targets_table(crate::figures::MPI, report);
+    if let Some(peer) = report.get("pytorch") {
+        md += &format!(
+            "\nAgainst PyTorch ({}; `{}`), its DDP and FSDP2 on gloo run as the cells' `pytorch-ddp` and `pytorch-fsdp` jobs, alternating with ours, one process per rank, on the same models, batches and optimizer (Adam):\n\n",
+            peer["version"].as_str().unwrap_or("?"),
+            peer["command"].as_str().unwrap_or("?"),
+        );
+        md += &crate::figures::targets_table(crate::figures::MPI_PYTORCH, report);
+    }
     md += &format!(
         "\nEach process's communication thread paces its tests of transfers in flight as `--mpi-progress {}` asks (spin: back to back while bytes are in flight; backoff: sleeps of up to 200 µs), and asks the kernel for a 100 µs scheduler slice, so that it gets a core as soon as it wakes (taken on Linux 6.12 and later). The last column shows what each cell's processes ran.\n",
         cfg.mpi_progress
@@ -932,7 +1090,7 @@ fn markdown(
             c["params"]
         );
     }
-    md += "\n## Memory planner against the resident set\n\nThe planner probes each model on one rank in-process (N = 1) and predicts rank 0's peak at N; each job's rank 0 reports its peak resident set (`VmHWM`) minus what it was just before the model was built. Each job runs twice: with glibc's mmap threshold fixed at 128 KiB (`MALLOC_MMAP_THRESHOLD_=131072`), so that freed tensors leave the resident set, and with glibc's default, whose rising threshold keeps freed tensors resident in its heap.\n\n| d_model | layers | context | N | strategy | predicted peak | RSS growth | error | RSS growth, default malloc | error | ledger peak |\n|---|---|---|---|---|---|---|---|---|---|---|\n";
+    md += "\n## Memory planner against the resident set\n\nThe planner probes each model on one rank in-process (N = 1) and predicts rank 0's peak at N; each job trains 3 steps (FSDP prefetches from the third) and its rank 0 reports its peak resident set (`VmHWM`) minus what it was just before the model was built. Each job runs twice: with glibc's mmap threshold fixed at 128 KiB (`MALLOC_MMAP_THRESHOLD_=131072`), so that freed tensors leave the resident set, and with glibc's default, whose rising threshold keeps freed tensors resident in its heap.\n\n| d_model | layers | context | N | strategy | predicted peak | RSS growth | error | RSS growth, default malloc | error | ledger peak |\n|---|---|---|---|---|---|---|---|---|---|---|\n";
     for r in report["planner"].as_array().into_iter().flatten() {
         let bytes = |k: &str| human_bytes(r[k].as_u64().unwrap_or(0));
         md += &format!(
@@ -1018,5 +1176,9 @@ fn plots(
 /// Checks that an MPI report has every headline figure ([`crate::figures::MPI`]) as a
 /// finite number.
 pub fn check_keys(report: &Value) -> Result<(), String> {
-    crate::figures::check_keys(crate::figures::MPI, report)
+    crate::figures::check_keys(crate::figures::MPI, report)?;
+    if report.get("pytorch").is_some() {
+        crate::figures::check_keys(crate::figures::MPI_PYTORCH, report)?;
+    }
+    Ok(())
 }

@@ -113,8 +113,9 @@ pub fn run(
                 shard_threshold: None,
                 activation_checkpointing: checkpointing,
             })?;
-            // Two steps, as the probe ran: the peak counts from the model's construction.
-            d.steps(2)?;
+            // Three steps: the peak counts from the model's construction, and FSDP prefetches
+            // from the third on, once the second has recorded the order of its gathers.
+            d.steps(3)?;
             let measured = d.peaks()?[0];
             let state = d.model_state_with_gradients()?;
             let rel_error =
@@ -160,7 +161,7 @@ pub fn markdown(rows: &[PlanRow]) -> String {
         .filter(|r| r.predicted_model_state == r.measured_model_state)
         .count();
     let mut md = format!(
-        "\n## Memory planner: predicted against measured peak (rank 0)\n\nThe planner probes each model on one rank (N = 1, at 4 sequences and at 2) and predicts every strategy at the grid's N without running there; each prediction stands beside the ledger's peak of a two-step run at that N, 4 sequences per rank. Model state (parameters, gradients, Adam's moments) is predicted exactly at {exact} of {} points. Largest |error| of the peak: {:.1}%.\n\n| d_model | layers | context | N | strategy | predicted model state | measured | predicted peak | measured peak | error |\n|---|---|---|---|---|---|---|---|---|---|\n",
+        "\n## Memory planner: predicted against measured peak (rank 0)\n\nThe planner probes each model on one rank (N = 1, at 4 sequences and at 2) and predicts every strategy at the grid's N without running there; each prediction stands beside the ledger's peak of a three-step run at that N (FSDP prefetches from the third step), 4 sequences per rank. Model state (parameters, gradients, Adam's moments) is predicted exactly at {exact} of {} points. Largest |error| of the peak: {:.1}%.\n\n| d_model | layers | context | N | strategy | predicted model state | measured | predicted peak | measured peak | error |\n|---|---|---|---|---|---|---|---|---|---|\n",
         rows.len(),
         max_rel_error(rows) * 100.0
     );

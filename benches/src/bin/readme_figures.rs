@@ -63,6 +63,16 @@ fn documents(root: &Path) -> Result<Vec<(PathBuf, Vec<Block>)>, String> {
                     text: figures::targets_table(figures::MPI, &mpi),
                 },
                 Block {
+                    name: "pytorch-targets",
+                    text: figures::targets_table(figures::MPI_PYTORCH, &mpi),
+                },
+                Block {
+                    name: "cpu-profile",
+                    text: figures::profile_block(&figures::CpuProfile::read_all(
+                        &root.join(committed::PROFILES),
+                    )?),
+                },
+                Block {
                     name: "net-targets",
                     text: figures::targets_table(figures::NET, &net)
                         + "\nConfig B:\n\n"

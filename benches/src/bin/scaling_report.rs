@@ -55,6 +55,10 @@ struct Cli {
     /// waits, and when received bytes were moving) as JSON, `OUT/jobs/timeline-*.rank<r>.json`.
     #[arg(long)]
     timelines: bool,
+    /// With `--transport mpi`: the Python that runs PyTorch (`benches/peers/pytorch/`): its
+    /// DDP and FSDP2 then run in every cell beside ours, strategies alternating.
+    #[arg(long, value_name = "PYTHON")]
+    pytorch: Option<PathBuf>,
     /// Only the memory planner's grid: predictions against the ledger (in-process) or the
     /// resident set (`--transport mpi`), printed, without writing a report.
     #[arg(long)]
@@ -126,6 +130,7 @@ fn main_mpi(cli: &Cli) -> ExitCode {
     }
     cfg.mpi_progress = cli.mpi_progress;
     cfg.timelines = cli.timelines;
+    cfg.pytorch = cli.pytorch.clone();
     let exe = match std::env::current_exe() {
         Ok(exe) => exe,
         Err(e) => {
