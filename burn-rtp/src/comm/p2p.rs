@@ -122,10 +122,10 @@ pub(crate) fn fence<B: Backend>(ctx: &Comm<B>) {
 /// Takes ownership of received tensors, each on this rank's device.
 ///
 /// A tensor from a rank on another device (another GPU, another wgpu client) is copied here
-/// through the host: this rank's kernels cannot read another device's handles. On backends that run ranks on
-/// separate streams of one device, each one is copied into a buffer of this rank's stream and
-/// the received handle is released only after the copy ran, so no buffer is ever written by
-/// one rank while another still uses it.
+/// through the host: this rank's kernels cannot read another device's handles. On backends
+/// that run ranks on separate streams of one device, each one is copied into a buffer of this
+/// rank's stream and the received handle is released only after the copy ran, so no buffer is
+/// ever written by one rank while another still uses it.
 fn adopt<B: Backend>(ctx: &Comm<B>, received: Vec<Float<B>>) -> Vec<Float<B>> {
     let mut copied_from = Vec::new();
     let own = received
