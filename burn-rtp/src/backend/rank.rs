@@ -4,6 +4,7 @@
 
 use crate::comm::collectives::{all_gather, all_reduce_bucket};
 use crate::comm::context::Comm;
+use crate::comm::p2p::{adopt, fence};
 use crate::comm::transport::Transport;
 use crate::config::{RtpConfig, Strategy};
 use crate::error::{raise, RtpError, RtpResult};
@@ -179,6 +180,15 @@ impl<B: Backend> RankCtx<B> {
             let out = all_reduce_bucket(&ctx.comm, "ddp.all_reduce_bucket", tensors);
             *sums.lock().unwrap() = Some(out.into_iter().map(Some).collect());
         };
+        self.run_in_background(job);
+    }
+
+    /// Hands `job` to the rank's background worker once this rank's queued device work is
+    /// done: the worker runs on a stream of its own (each thread's, on wgpu and CUDA), and its
+    /// jobs read tensors this rank's last kernels wrote (fresh gradients, weights the step
+    /// just updated). A no-op fence on synchronous backends such as NdArray.
+    fn run_in_background(&self, job: impl FnOnce() + Send + 'static) {
+        fence(&self.comm);
         self.comm.background.submit(self.comm.rank, Box::new(job));
     }
 
@@ -191,7 +201,8 @@ impl<B: Backend> RankCtx<B> {
         self.comm.wait_background();
         let sum = self.buckets.lock().unwrap().claim(charge)?;
         self.bucket_counts[1].fetch_add(1, Ordering::Relaxed);
-        Some(sum.consume(|t| t))
+        // Computed on the worker's stream: taken over onto this rank's.
+        Some(adopt(&self.comm, vec![sum.consume(|t| t)]).remove(0))
     }
 
     /// Under FSDP, registers the parameters of the next step in the module's order, so that
@@ -224,6 +235,9 @@ impl<B: Backend> RankCtx<B> {
                 self.comm.wait_background();
                 let prefetched = slot.lock().unwrap().take();
                 self.prefetch_counts[1].fetch_add(1, Ordering::Relaxed);
+                // Gathered on the worker's stream: taken over onto this rank's.
+                let prefetched =
+                    prefetched.map(|h| h.map(|t| adopt(&self.comm, vec![t]).remove(0)));
                 prefetched.unwrap_or_else(|| {
                     panic!(
                         "rank {}: `{op}`: the prefetched gather of a {:?} shard is missing",
@@ -247,7 +261,7 @@ impl<B: Backend> RankCtx<B> {
                 );
                 *slot.lock().unwrap() = Some(full);
             };
-            self.comm.background.submit(self.comm.rank, Box::new(job));
+            self.run_in_background(job);
         }
         full
     }

@@ -125,8 +125,9 @@ pub(crate) fn fence<B: Backend>(ctx: &Comm<B>) {
 /// through the host: this rank's kernels cannot read another device's handles. On backends
 /// that run ranks on separate streams of one device, each one is copied into a buffer of this
 /// rank's stream and the received handle is released only after the copy ran, so no buffer is
-/// ever written by one rank while another still uses it.
-fn adopt<B: Backend>(ctx: &Comm<B>, received: Vec<Float<B>>) -> Vec<Float<B>> {
+/// ever written by one rank while another still uses it. The rank's background worker runs on
+/// a stream of its own too, so what it computed is taken over the same way.
+pub(crate) fn adopt<B: Backend>(ctx: &Comm<B>, received: Vec<Float<B>>) -> Vec<Float<B>> {
     let mut copied_from = Vec::new();
     let own = received
         .into_iter()
