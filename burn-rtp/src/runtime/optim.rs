@@ -282,6 +282,30 @@ where
     ctx.register_params(sharded.0);
 }
 
+/// Runs the inner optimizer's `update`, which replaces every parameter: first the kept
+/// gathers (of no further use) are dropped and the prefetch lets go of the parameters, so
+/// that the update can write the new ones in place; then FSDP's prefetch registers them.
+fn replace_params<M, B, I>(
+    ctx: Option<&crate::backend::rank::RankCtx<I>>,
+    module: M,
+    update: impl FnOnce(M) -> M,
+) -> M
+where
+    I: RotationKernels,
+    B: AutodiffBackend<InnerBackend = Rtp<I>>,
+    M: AutodiffModule<B>,
+{
+    if let Some(ctx) = ctx {
+        ctx.gathers.lock().unwrap().clear();
+        ctx.release_params();
+    }
+    let module = update(module);
+    if let Some(ctx) = ctx {
+        register_params::<M, B, I>(ctx, &module);
+    }
+    module
+}
+
 /// The rank context of a module's first float parameter (`None` for a module without one).
 fn module_ctx<M, B, I>(module: &M) -> Option<std::sync::Arc<crate::backend::rank::RankCtx<I>>>
 where
@@ -329,16 +353,9 @@ where
                 return module;
             }
         }
-        // Every parameter is about to be replaced: its kept gathers are of no further use,
-        // and the prefetch lets go of it so that the update can write the new one in place.
-        if let Some(ctx) = &ctx {
-            ctx.gathers.lock().unwrap().clear();
-            ctx.release_params();
-        }
-        let module = self.inner.step(lr, module, grads);
-        if let Some(ctx) = &ctx {
-            register_params::<M, B, I>(ctx, &module);
-        }
+        let inner = &mut self.inner;
+        let module =
+            replace_params::<M, B, I>(ctx.as_deref(), module, |m| inner.step(lr, m, grads));
         if let Some(l) = &ledger {
             l.end_phase(Phase::Update);
         }
@@ -353,17 +370,9 @@ where
             self.clip_grad_norm.is_none(),
             "RtpOptimizer: global-norm clipping of multi-device gradients is not supported; use `step`"
         );
-        // As in `step`: every parameter is about to be replaced.
         let ctx = module_ctx::<M, B, I>(&module);
-        if let Some(ctx) = &ctx {
-            ctx.gathers.lock().unwrap().clear();
-            ctx.release_params();
-        }
-        let module = self.inner.step_multi(lr, module, grads);
-        if let Some(ctx) = &ctx {
-            register_params::<M, B, I>(ctx, &module);
-        }
-        module
+        let inner = &mut self.inner;
+        replace_params::<M, B, I>(ctx.as_deref(), module, |m| inner.step_multi(lr, m, grads))
     }
 
     fn to_record(&self) -> Self::Record {
