@@ -11,7 +11,10 @@
 #   4. the kernel bench: fused against composed, config A, d_model 1024 and d_model 4096;
 #   5. the GPT trainer, configs A and B, RTP against DDP, N ranks on GPU 0, in absolute times,
 #      with each rank's ledger peak, the hidden share of its transfers and the GPU's peak
-#      memory (nvidia-smi, sampled every 200 ms: the one process of every rank).
+#      memory (nvidia-smi, sampled every 200 ms: the one process of every rank);
+#   6. the NCCL transport at N = 1 under mpirun (NCCL refuses two ranks on one GPU): start-up,
+#      the unique id over MPI, the communicator, three steps. Only where Open MPI (mpicc,
+#      mpirun) and libnccl are installed; elsewhere the stage is recorded as skipped.
 # Needs: cargo, nvidia-smi, python3 (writes the report). GPU_COMMIT names the commit when the
 # tree has no .git. GPU_REPORT_DIR overrides the output folder. On the lent device machine:
 #   GPU_REPORT_DIR=$OUT/gpu GPU_COMMIT=<commit> bash benches/gpu.sh
@@ -97,6 +100,18 @@ gpt_run b-2-rtp --strategy rtp --ranks 2 --batch 4 "${B[@]}"
 gpt_run b-2-ddp --strategy ddp --ranks 2 --batch 4 "${B[@]}"
 gpt_run b-4-rtp --strategy rtp --ranks 4 --batch 8 "${B[@]}"
 gpt_run b-4-ddp --strategy ddp --ranks 4 --batch 8 "${B[@]}"
+
+# Last, so that it costs the stages above nothing: a second build (burn-rtp with MPI and
+# NCCL; Burn itself is not rebuilt) and one run.
+if command -v mpicc >/dev/null && command -v mpirun >/dev/null && ldconfig -p 2>/dev/null | grep -q libnccl; then
+  stage "NCCL transport at N = 1 under mpirun" nccl.log bash -c "
+    cargo build --release -j $JOBS ${PKGS[*]} --features $FEATURES,burn-rtp-examples/nccl --example gpt &&
+    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --allow-run-as-root -np 1 \
+      $GPT --backend cuda --transport nccl --strategy rtp --steps 3 --sample-bytes 0 ${A[*]} --batch 4"
+else
+  echo "skipped: needs mpicc, mpirun and libnccl (Open MPI and NCCL are not installed here)" >"$LOGS/nccl.log"
+  printf '%s\t%s\t%s\t%s\n' "NCCL transport at N = 1 (skipped: no Open MPI or libnccl)" nccl.log 0 0 >>"$STAGES"
+fi
 
 write_report
 echo; cat "$OUT_DIR/report.md"

@@ -116,7 +116,8 @@ struct TrainArgs {
     /// Ranks [default: 4 in-process; under mpirun, the number of processes, which it must match].
     #[arg(long)]
     ranks: Option<usize>,
-    /// in-process | mpi [default: mpi when started by mpirun, else in-process].
+    /// in-process | mpi | nccl (with `--backend cuda`, a GPU per rank) [default: mpi when
+    /// started by mpirun, else in-process].
     #[arg(long)]
     transport: Option<TransportKind>,
     /// Seconds a rank waits for a silent peer before it fails.
@@ -302,7 +303,7 @@ fn write_report(path: &PathBuf, report: &Report) -> Result<(), String> {
 }
 
 fn print_summary(out: &TrainOutcome) {
-    let rss_label = if out.report.transport == "mpi" {
+    let rss_label = if out.report.transport != "in-process" {
         "peak RSS"
     } else {
         "process RSS"
@@ -353,7 +354,7 @@ fn print_summary(out: &TrainOutcome) {
         );
     }
     println!("(model state: this rank's parameters, gradients and Adam moments; local: its activations, temporaries and gradients before their reduction)");
-    if r.transport != "mpi" {
+    if r.transport == "in-process" {
         println!("(in-process: every rank is a thread of one process, so the RSS column is that whole process)");
     }
     if !out.sample.is_empty() {
@@ -618,14 +619,14 @@ fn main() -> ExitCode {
     let transport = a.transport.unwrap_or_else(TransportKind::from_environment);
     let launched = burn_rtp::transport::mpi_launch();
     let (ranks, is_rank0) = match (transport, launched) {
-        (TransportKind::Mpi, Some(job)) if single && job.size != 1 => {
+        (TransportKind::Mpi | TransportKind::Nccl, Some(job)) if single && job.size != 1 => {
             eprintln!(
                 "error: --strategy single trains on one rank; start it without mpirun (or with -np 1), not on {} processes",
                 job.size
             );
             return ExitCode::FAILURE;
         }
-        (TransportKind::Mpi, Some(job)) => {
+        (TransportKind::Mpi | TransportKind::Nccl, Some(job)) => {
             if let Some(asked) = a.ranks.filter(|&r| r != job.size) {
                 eprintln!(
                     "error: --ranks {asked} does not match the {} processes mpirun started; omit --ranks under mpirun",
@@ -635,9 +636,9 @@ fn main() -> ExitCode {
             }
             (job.size, job.rank == 0)
         }
-        (TransportKind::Mpi, None) => {
+        (TransportKind::Mpi | TransportKind::Nccl, None) => {
             eprintln!(
-                "error: --transport mpi needs mpirun: `mpirun -np 4 target/release/examples/gpt`"
+                "error: --transport {transport} needs mpirun: `mpirun -np 4 target/release/examples/gpt`"
             );
             return ExitCode::FAILURE;
         }
@@ -680,7 +681,7 @@ fn main() -> ExitCode {
     cfg.checkpoint_every = a.checkpoint_every;
     cfg.keep_last = a.keep_last;
     cfg.max_restarts = a.max_restarts;
-    if a.max_restarts > 0 && transport == TransportKind::Mpi {
+    if a.max_restarts > 0 && transport != TransportKind::InProcess {
         eprintln!(
             "error: under mpirun a failed rank ends the whole job, so the job must be started \
              again from outside: `gpt supervise --max-restarts {} -- mpirun -np N gpt ...`",
@@ -699,6 +700,7 @@ fn main() -> ExitCode {
     let place = match transport {
         TransportKind::InProcess => "in-process rank(s)",
         TransportKind::Mpi => "MPI processes",
+        TransportKind::Nccl => "MPI processes (tensors over NCCL)",
     };
     if is_rank0 {
         println!(

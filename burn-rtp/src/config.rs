@@ -155,7 +155,7 @@ pub struct RtpConfig {
     pub chaos: Option<Chaos>,
     /// How the in-process transport delivers: rendezvous (default) or buffered.
     pub delivery: Delivery,
-    /// In-process threads or MPI processes (`None`: [`TransportKind::from_environment`]).
+    /// In-process threads, MPI processes or NCCL (`None`: [`TransportKind::from_environment`]).
     pub transport: Option<TransportKind>,
     /// How the MPI transport's communication thread waits while bytes are in flight.
     pub mpi_progress: MpiProgress,
@@ -175,11 +175,16 @@ pub enum TransportKind {
     InProcess,
     /// One rank per process under `mpirun`, on Open MPI (cargo feature `mpi`).
     Mpi,
+    /// One rank per process and GPU under `mpirun`: tensors move GPU to GPU over NCCL,
+    /// control messages over MPI (cargo feature `nccl`, inner backend `Cuda`). Never chosen
+    /// by the environment: ask for it.
+    Nccl,
 }
 
 named!(TransportKind, "transport", {
     InProcess => "in-process" | "inprocess",
     Mpi => "mpi",
+    Nccl => "nccl",
 });
 
 impl TransportKind {
@@ -458,7 +463,11 @@ mod tests {
         round_trip(&[RotationMode::OutOfPlace, RotationMode::InPlace]);
         round_trip(&[MpiProgress::Auto, MpiProgress::Spin, MpiProgress::Backoff]);
         round_trip(&[Strategy::Rtp, Strategy::Fsdp, Strategy::Ddp]);
-        round_trip(&[TransportKind::InProcess, TransportKind::Mpi]);
+        round_trip(&[
+            TransportKind::InProcess,
+            TransportKind::Mpi,
+            TransportKind::Nccl,
+        ]);
         assert_eq!("oop".parse(), Ok(RotationMode::OutOfPlace));
         assert_eq!("zero3".parse(), Ok(Strategy::Fsdp));
         assert_eq!("inprocess".parse(), Ok(TransportKind::InProcess));
@@ -468,7 +477,7 @@ mod tests {
         );
         assert_eq!(
             "tcp".parse::<TransportKind>().unwrap_err(),
-            "unknown transport `tcp`: expected `in-process` or `mpi`"
+            "unknown transport `tcp`: expected `in-process`, `mpi` or `nccl`"
         );
     }
 

@@ -21,6 +21,29 @@ fn world_size_zero_is_rejected() {
     assert_eq!(err, RtpError::EmptyWorld);
 }
 
+/// A process-per-rank transport asked for outside `mpirun` is a typed error naming it, not a
+/// world of threads that silently ignores the request.
+#[test]
+fn a_process_transport_outside_mpirun_is_a_typed_error_naming_it() {
+    if burn_rtp::transport::mpi_launch().is_some() {
+        return; // started under mpirun: nothing to check here
+    }
+    for kind in [burn_rtp::TransportKind::Mpi, burn_rtp::TransportKind::Nccl] {
+        let err = launch(
+            RtpConfig::new(2).with_transport(kind),
+            |_device: burn_rtp::RtpDevice<burn::backend::NdArray>| (),
+        )
+        .unwrap_err();
+        match &err {
+            RtpError::TransportUnavailable { transport, reason } => {
+                assert_eq!(transport, &kind.to_string());
+                assert!(reason.contains("not started by mpirun"), "{err}");
+            }
+            other => panic!("expected TransportUnavailable, got {other}"),
+        }
+    }
+}
+
 #[test]
 fn a_rank_outside_the_world_is_rejected() {
     assert_eq!(

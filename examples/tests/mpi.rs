@@ -76,6 +76,16 @@ fn child_wrong_world_size() {
     }
 }
 
+#[test]
+#[ignore = "runs under mpirun, started by the tests of this file"]
+fn child_nccl_on_ndarray() {
+    let mut cfg = child_config();
+    cfg.transport = Some(burn_rtp::TransportKind::Nccl);
+    if let Err(e) = train::<Inner>(&cfg, |_| Default::default(), None) {
+        panic!("{e}");
+    }
+}
+
 /// Every strategy at N = 2, 3, 4 processes trains like single-device Burn (1e-5 relative),
 /// and like the same strategy in-process, bit for bit.
 #[test]
@@ -336,6 +346,23 @@ fn a_world_size_other_than_np_is_an_error() {
     let log = failing_rtp_job(2, "child_wrong_world_size");
     assert!(
         log.contains("asks for 3 ranks, but mpirun started 2 processes"),
+        "{log}"
+    );
+}
+
+/// Asking for NCCL where it cannot run (a build without it, or a CPU backend) fails on every
+/// rank with a typed error that says why, before any step.
+#[test]
+fn nccl_where_it_cannot_run_is_an_error_on_every_rank() {
+    let np = 2;
+    let log = failing_rtp_job(np, "child_nccl_on_ndarray");
+    let why = if cfg!(feature = "nccl") {
+        "NCCL moves CUDA tensors"
+    } else {
+        "built without NCCL: rebuild with `--features nccl`"
+    };
+    assert!(
+        log.matches("transport `nccl` is unavailable").count() >= np && log.contains(why),
         "{log}"
     );
 }

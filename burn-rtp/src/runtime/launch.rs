@@ -111,7 +111,7 @@ where
     let _hook = PanicHookGuard::install();
     match config.transport_kind() {
         TransportKind::InProcess => launch_in_process(config, inner_device, program),
-        TransportKind::Mpi => launch_mpi(config, inner_device, program),
+        TransportKind::Mpi | TransportKind::Nccl => launch_mpi(config, inner_device, program),
     }
 }
 
@@ -194,7 +194,7 @@ where
 /// This process's rank of an MPI job, checked against the configuration.
 fn mpi_rank(config: &RtpConfig) -> RtpResult<crate::config::MpiLaunch> {
     let unavailable = |reason: &str| RtpError::TransportUnavailable {
-        transport: "mpi".into(),
+        transport: config.transport_kind().to_string(),
         reason: reason.into(),
     };
     let launch = crate::config::mpi_launch().ok_or_else(|| {
@@ -203,6 +203,11 @@ fn mpi_rank(config: &RtpConfig) -> RtpResult<crate::config::MpiLaunch> {
     if !cfg!(feature = "mpi") {
         return Err(unavailable(
             "burn-rtp was built without MPI: rebuild with `--features mpi` (Debian packages: libopenmpi-dev openmpi-bin libclang-dev)",
+        ));
+    }
+    if config.transport_kind() == TransportKind::Nccl && !cfg!(feature = "nccl") {
+        return Err(unavailable(
+            "burn-rtp was built without NCCL: rebuild with `--features nccl` (needs NVIDIA GPUs and libnccl to run)",
         ));
     }
     if launch.size != config.world_size {
@@ -214,9 +219,10 @@ fn mpi_rank(config: &RtpConfig) -> RtpResult<crate::config::MpiLaunch> {
     Ok(launch)
 }
 
-/// Runs this process's rank of an MPI job. On failure every other rank is told who failed
-/// and why, and MPI is left unfinalised, so that `mpirun` ends the job once this process
-/// exits (with a non-zero status).
+/// Runs this process's rank of an MPI job, its tensors moving over MPI or, when the
+/// configuration asks for it, over NCCL. On failure every other rank is told who failed and
+/// why, and MPI is left unfinalised, so that `mpirun` ends the job once this process exits
+/// (with a non-zero status).
 #[cfg(feature = "mpi")]
 fn launch_mpi<B, R, E, F>(
     config: RtpConfig,
@@ -247,25 +253,66 @@ where
             ),
         });
     }
+    let inner = inner_device(rank);
+    let transport: std::sync::Arc<dyn Transport<B::FloatTensorPrimitive>> =
+        match over_nccl::<B>(&config, &endpoint, &inner) {
+            Ok(Some(nccl)) => nccl,
+            Ok(None) => std::sync::Arc::new(endpoint.clone()),
+            Err(e) => {
+                Transport::<B::FloatTensorPrimitive>::abort(&endpoint, &e.to_string());
+                return Err(e);
+            }
+        };
     let device = match crate::backend::device::register_device::<B>(
         rank,
         0,
-        inner_device(rank),
-        std::sync::Arc::new(endpoint.clone()),
+        inner,
+        transport.clone(),
         config,
     ) {
         Ok(device) => device,
         Err(e) => {
-            Transport::<B::FloatTensorPrimitive>::abort(&endpoint, &e.to_string());
+            transport.abort(&e.to_string());
             return Err(e);
         }
     };
     let outcome = run_rank(device, &program);
     match &outcome {
-        Ok(_) => Transport::<B::FloatTensorPrimitive>::mark_exited(&endpoint),
-        Err(e) => Transport::<B::FloatTensorPrimitive>::abort(&endpoint, &e.to_string()),
+        Ok(_) => transport.mark_exited(),
+        Err(e) => transport.abort(&e.to_string()),
     }
     outcome.map(|value| vec![value])
+}
+
+/// The NCCL transport over `control`, where the configuration asks for it.
+#[cfg(feature = "nccl")]
+fn over_nccl<B: Backend>(
+    config: &RtpConfig,
+    control: &crate::comm::transport::MpiEndpoint,
+    inner: &B::Device,
+) -> RtpResult<Option<std::sync::Arc<dyn Transport<B::FloatTensorPrimitive>>>> {
+    use crate::comm::transport::{NcclEndpoint, NcclTransport};
+    if config.transport_kind() != TransportKind::Nccl {
+        return Ok(None);
+    }
+    let nccl = NcclTransport::start::<B::FloatTensorPrimitive>(
+        control.clone(),
+        inner,
+        config.peer_timeout,
+    )?;
+    Ok(Some(std::sync::Arc::new(NcclEndpoint(
+        std::sync::Arc::new(nccl),
+    ))))
+}
+
+/// Without NCCL built in, `mpi_rank` has refused the NCCL transport already.
+#[cfg(all(feature = "mpi", not(feature = "nccl")))]
+fn over_nccl<B: Backend>(
+    _config: &RtpConfig,
+    _control: &crate::comm::transport::MpiEndpoint,
+    _inner: &B::Device,
+) -> RtpResult<Option<std::sync::Arc<dyn Transport<B::FloatTensorPrimitive>>>> {
+    Ok(None)
 }
 
 #[cfg(not(feature = "mpi"))]

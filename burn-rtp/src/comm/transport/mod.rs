@@ -8,6 +8,9 @@ mod arena;
 mod in_process;
 #[cfg(feature = "mpi")]
 mod mpi;
+// The control messages' encoding is pure, and tested without CUDA.
+#[cfg_attr(not(feature = "nccl"), allow(dead_code))]
+mod nccl;
 // Pure pacing logic: compiled (and tested) without MPI too.
 #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
 mod progress;
@@ -17,6 +20,8 @@ mod sched;
 pub use in_process::{HubOptions, InProcessHub, InProcessTransport};
 #[cfg(feature = "mpi")]
 pub use mpi::{MpiEndpoint, MpiTransport};
+#[cfg(feature = "nccl")]
+pub use nccl::{NcclEndpoint, NcclTransport};
 
 /// The launcher's environment is configuration; it is named here too, where MPI users look.
 pub use crate::config::{mpi_launch, MpiLaunch};
