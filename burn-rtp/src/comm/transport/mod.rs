@@ -32,6 +32,16 @@ use burn::tensor::TensorData;
 use std::borrow::Cow;
 use std::sync::Arc;
 
+/// The failure of a transport's `op` on `rank`.
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+pub(crate) fn transport_error(rank: usize, op: &str, reason: impl Into<String>) -> crate::RtpError {
+    crate::RtpError::Transport {
+        rank,
+        op: op.to_string(),
+        reason: reason.into(),
+    }
+}
+
 /// Which kind of buffer a transport moves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BufferKind {

@@ -19,7 +19,7 @@ mod buffer;
 mod engine;
 mod wire;
 
-use super::{BufferKind, Header, Payload, RecvHandle, SendHandle, Transport};
+use super::{transport_error, BufferKind, Header, Payload, RecvHandle, SendHandle, Transport};
 use crate::config::MpiProgress;
 use crate::error::{RtpError, RtpResult};
 use buffer::Owner;
@@ -93,7 +93,7 @@ impl MpiTransport {
                 return Err(transport_error(
                     0,
                     "MPI_Init",
-                    "the MPI thread ended during initialisation".into(),
+                    "the MPI thread ended during initialisation",
                 ))
             }
         };
@@ -118,14 +118,14 @@ impl MpiTransport {
         };
         commands
             .send(command)
-            .map_err(|_| transport_error(self.rank, op, "the MPI thread is gone".into()))
+            .map_err(|_| transport_error(self.rank, op, "the MPI thread is gone"))
     }
 
     fn finalised(&self, op: &str) -> RtpError {
         transport_error(
             self.rank,
             op,
-            "MPI has already been finalised for this process".into(),
+            "MPI has already been finalised for this process",
         )
     }
 
@@ -173,7 +173,7 @@ impl MpiTransport {
             Err(_) => Err(transport_error(
                 self.rank,
                 "MPI_Finalize",
-                "the MPI thread ended before finalising".into(),
+                "the MPI thread ended before finalising",
             )),
         }
     }
@@ -218,19 +218,11 @@ impl MpiTransport {
                     return Err(transport_error(
                         self.rank,
                         op,
-                        "the MPI thread ended before the transfer completed".into(),
+                        "the MPI thread ended before the transfer completed",
                     ))
                 }
             }
         }
-    }
-}
-
-fn transport_error(rank: usize, op: &str, reason: String) -> RtpError {
-    RtpError::Transport {
-        rank,
-        op: op.to_string(),
-        reason,
     }
 }
 
@@ -332,7 +324,7 @@ impl<T: Send + 'static> Transport<T> for MpiEndpoint {
                 return Err(transport_error(
                     self.0.rank,
                     &op,
-                    "the MPI transport moves host buffers only".into(),
+                    "the MPI transport moves host buffers only",
                 ))
             }
         };

@@ -9,7 +9,7 @@
 //!
 //! Pure code: compiled and tested without CUDA.
 
-use crate::comm::transport::Header;
+use crate::comm::transport::{transport_error, Header};
 use crate::error::{RtpError, RtpResult};
 use burn::tensor::{DType, TensorData};
 
@@ -60,10 +60,12 @@ pub(crate) fn decode(
     expect: &Header,
     got: &TensorData,
 ) -> RtpResult<DType> {
-    let malformed = |why: String| RtpError::Transport {
-        rank,
-        op: expect.op.to_string(),
-        reason: format!("from rank {peer}: malformed NCCL control message: {why}"),
+    let malformed = |why: String| {
+        transport_error(
+            rank,
+            &expect.op,
+            format!("from rank {peer}: malformed NCCL control message: {why}"),
+        )
     };
     let body = got
         .as_slice::<i64>()

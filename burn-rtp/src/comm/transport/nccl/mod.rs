@@ -14,6 +14,13 @@
 //! tensor must be written, and a receive buffer's memory may have been a tensor that queued
 //! kernels still read. The payload's handle then waits on the group's CUDA event.
 //!
+//! The cost of the control message: a receive is posted only once its sender's control
+//! message has arrived, so a rank whose peer reaches the exchange late waits at the
+//! exchange's start (in `flush`) rather than during its compute, as it would under MPI. In a
+//! ring that runs in step the wait is the ranks' skew. Posting the receive first, at the size
+//! the header announces, would hide it, but NCCL leaves a size mismatch undefined, and the
+//! check would come after the bytes had been written.
+//!
 //! Only `Rtp<Cuda>` (cubecl's CUDA runtime, without Burn's fusion) can use it: the transport
 //! moves `CubeTensor<CudaRuntime>` and says so at start-up for any other backend. NCCL
 //! refuses two ranks on one GPU, so each rank needs its own GPU (`CudaDevice::new(rank)` on
@@ -31,7 +38,8 @@ mod transport {
     use super::control;
     use super::sys::{Buffer, Communicator, Direction, InFlight, Op, UniqueId};
     use crate::comm::transport::{
-        BufferKind, Header, MpiEndpoint, Payload, RecvHandle, SendHandle, Transport,
+        transport_error, BufferKind, Header, MpiEndpoint, Payload, RecvHandle, SendHandle,
+        Transport,
     };
     use crate::error::{RtpError, RtpResult};
     use crate::state::accounting::Charge;
@@ -82,14 +90,6 @@ mod transport {
         }
     }
 
-    fn error(rank: usize, op: &str, reason: impl Into<String>) -> RtpError {
-        RtpError::Transport {
-            rank,
-            op: op.to_string(),
-            reason: reason.into(),
-        }
-    }
-
     /// Moves a value of one type into another that is the same type (checked at run time).
     fn cast<A: 'static, T: 'static>(value: A) -> Option<T> {
         (Box::new(value) as Box<dyn Any>)
@@ -126,7 +126,7 @@ mod transport {
             let size = Transport::<()>::world_size(&control);
             let id = share_unique_id(&control, rank, size)?;
             let comm = Communicator::join(device.index, rank, size, id)
-                .map_err(|reason| error(rank, "ncclCommInitRank", reason))?;
+                .map_err(|reason| transport_error(rank, "ncclCommInitRank", reason))?;
             Ok(Self {
                 rank,
                 size,
@@ -152,17 +152,24 @@ mod transport {
             let mut slots = Vec::with_capacity(held.len());
             let mut failure = None;
             for h in held {
-                let (op, slot) = match h {
-                    Held::Send { to, tensor, slot } => {
-                        let buffer = Buffer::of(*tensor).map_err(Issue::Other);
-                        (buffer.map(|b| (Direction::Send, to, b)), slot)
-                    }
+                let slot = match &h {
+                    Held::Send { slot, .. } | Held::Recv { slot, .. } => slot.clone(),
+                };
+                // After a failure nothing more is waited for: each wait could last a timeout.
+                if let Some(e) = &failure {
+                    let _ = slot.send(Err(RtpError::clone(e)));
+                    continue;
+                }
+                let op = match h {
+                    Held::Send { to, tensor, .. } => Buffer::of(*tensor)
+                        .map(|b| (Direction::Send, to, b))
+                        .map_err(Issue::Other),
                     Held::Recv {
                         from,
                         expect,
                         control,
-                        slot,
-                    } => (self.receive_buffer(&client, from, &expect, control), slot),
+                        ..
+                    } => self.receive_buffer(&client, from, &expect, control),
                 };
                 match op {
                     Ok((direction, peer, buffer)) => {
@@ -176,10 +183,10 @@ mod transport {
                     Err(e) => {
                         let e = match e {
                             Issue::Typed(e) => e,
-                            Issue::Other(reason) => error(self.rank, "nccl", reason),
+                            Issue::Other(reason) => transport_error(self.rank, "nccl", reason),
                         };
                         let _ = slot.send(Err(e.clone()));
-                        failure.get_or_insert(e);
+                        failure = Some(e);
                     }
                 }
             }
@@ -192,7 +199,7 @@ mod transport {
             // Sends read tensors the compute stream wrote; receives write memory the compute
             // stream may still read as another tensor's.
             cubecl::future::block_on(client.sync())
-                .map_err(|e| error(self.rank, "sync", format!("{e:?}")))?;
+                .map_err(|e| transport_error(self.rank, "sync", format!("{e:?}")))?;
             match self.comm.lock().unwrap().group(ops) {
                 Ok(in_flight) => {
                     for (slot, transfer) in slots.into_iter().zip(in_flight) {
@@ -201,7 +208,7 @@ mod transport {
                     Ok(())
                 }
                 Err(reason) => {
-                    let e = error(self.rank, "ncclGroupEnd", reason);
+                    let e = transport_error(self.rank, "ncclGroupEnd", reason);
                     for slot in slots {
                         let _ = slot.send(Err(e.clone()));
                     }
@@ -247,7 +254,7 @@ mod transport {
             let started = Instant::now();
             let in_flight = outcome
                 .recv()
-                .map_err(|_| error(self.rank, op, "the transfer was never issued"))??;
+                .map_err(|_| transport_error(self.rank, op, "the transfer was never issued"))??;
             in_flight.wait(started + self.timeout).map_err(|why| {
                 // A peer that died leaves NCCL waiting: stop it, so that nothing hangs.
                 self.comm.lock().unwrap().abort();
@@ -276,8 +283,8 @@ mod transport {
             shape: vec![128],
         };
         if rank == 0 {
-            let id =
-                super::sys::unique_id().map_err(|reason| error(0, "ncclGetUniqueId", reason))?;
+            let id = super::sys::unique_id()
+                .map_err(|reason| transport_error(0, "ncclGetUniqueId", reason))?;
             let data = Arc::new(TensorData::new(id.to_vec(), [128]));
             let sends = (1..size)
                 .map(|peer| {
@@ -298,14 +305,14 @@ mod transport {
         }
         let got = Transport::<()>::irecv(control, 0, header)?.wait()?;
         let Payload::Host(data) = got else {
-            return Err(error(rank, "ncclGetUniqueId", "no host data"));
+            return Err(transport_error(rank, "ncclGetUniqueId", "no host data"));
         };
         let bytes = data
             .as_slice::<u8>()
-            .map_err(|e| error(rank, "ncclGetUniqueId", format!("{e:?}")))?;
+            .map_err(|e| transport_error(rank, "ncclGetUniqueId", format!("{e:?}")))?;
         bytes
             .try_into()
-            .map_err(|_| error(rank, "ncclGetUniqueId", "an id of the wrong length"))
+            .map_err(|_| transport_error(rank, "ncclGetUniqueId", "an id of the wrong length"))
     }
 
     /// A send, complete once NCCL has read its tensor (and MPI sent its control message).
@@ -372,7 +379,7 @@ mod transport {
             let op = header.op.to_string();
             crate::config::check_rank(to, self.0.size)?;
             let Payload::Device(tensor) = payload else {
-                return Err(error(
+                return Err(transport_error(
                     self.0.rank,
                     &op,
                     "the NCCL transport moves device tensors only",
