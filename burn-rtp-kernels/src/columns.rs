@@ -124,8 +124,9 @@ pub fn write_columns<B: Backend>(
     Ok(B::float_slice_assign(out, &slices, block))
 }
 
-/// Concatenates per-shard column blocks, given in shard order, along `dim`: the composition
-/// [`write_columns`] replaced, kept for the benchmark that compares them.
+/// Concatenates per-shard column blocks, given in shard order, along `dim`. The all-gather
+/// and the bucket all-reduce join their shards with it, once every block is in hand; a
+/// rotation, whose blocks arrive one by one, writes them with [`write_columns`] instead.
 pub fn assemble_columns<B: Backend>(parts: Vec<Float<B>>, dim: usize) -> Float<B> {
     if parts.len() == 1 {
         return parts.into_iter().next().expect("one part");

@@ -208,9 +208,15 @@ impl<B: Backend> RankCtx<B> {
     /// Under FSDP, registers the parameters of the next step in the module's order, so that
     /// their gathers can be started ahead (see `backend::prefetch`).
     pub(crate) fn register_params(&self, params: Vec<crate::backend::prefetch::Param<B>>) {
-        if self.comm.config.strategy == Strategy::Fsdp && self.comm.world_size > 1 {
+        if self.prefetches() {
             self.prefetch.lock().unwrap().register(params);
         }
+    }
+
+    /// Whether FSDP's prefetch runs here (FSDP on more than one rank): callers skip
+    /// collecting parameters for it otherwise.
+    pub(crate) fn prefetches(&self) -> bool {
+        self.comm.config.strategy == Strategy::Fsdp && self.comm.world_size > 1
     }
 
     /// Lets go of the registered parameters before the optimizer replaces them.

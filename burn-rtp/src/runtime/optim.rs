@@ -261,7 +261,7 @@ where
     B: AutodiffBackend<InnerBackend = Rtp<I>>,
     M: AutodiffModule<B>,
 {
-    if ctx.comm.config.strategy != crate::config::Strategy::Fsdp {
+    if !ctx.prefetches() {
         return;
     }
     struct Sharded<I: RotationKernels>(Vec<crate::backend::prefetch::Param<I>>);
