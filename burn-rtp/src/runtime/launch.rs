@@ -205,11 +205,6 @@ fn mpi_rank(config: &RtpConfig) -> RtpResult<crate::config::MpiLaunch> {
             "burn-rtp was built without MPI: rebuild with `--features mpi` (Debian packages: libopenmpi-dev openmpi-bin libclang-dev)",
         ));
     }
-    if config.transport_kind() == TransportKind::Nccl && !cfg!(feature = "nccl") {
-        return Err(unavailable(
-            "burn-rtp was built without NCCL: rebuild with `--features nccl` (needs NVIDIA GPUs and libnccl to run)",
-        ));
-    }
     if launch.size != config.world_size {
         return Err(RtpError::WorldSizeMismatch {
             configured: config.world_size,
@@ -305,14 +300,20 @@ fn over_nccl<B: Backend>(
     ))))
 }
 
-/// Without NCCL built in, `mpi_rank` has refused the NCCL transport already.
+/// Without NCCL built in, asking for it is an error that says how to rebuild.
 #[cfg(all(feature = "mpi", not(feature = "nccl")))]
 fn over_nccl<B: Backend>(
-    _config: &RtpConfig,
+    config: &RtpConfig,
     _control: &crate::comm::transport::MpiEndpoint,
     _inner: &B::Device,
 ) -> RtpResult<Option<std::sync::Arc<dyn Transport<B::FloatTensorPrimitive>>>> {
-    Ok(None)
+    if config.transport_kind() != TransportKind::Nccl {
+        return Ok(None);
+    }
+    Err(RtpError::TransportUnavailable {
+        transport: "nccl".into(),
+        reason: "burn-rtp was built without NCCL: rebuild with `--features nccl` (needs NVIDIA GPUs and libnccl to run)".into(),
+    })
 }
 
 #[cfg(not(feature = "mpi"))]
