@@ -103,6 +103,7 @@ impl ModelArgs {
 #[derive(ValueEnum, Clone, Copy, Debug)]
 enum BackendName {
     Ndarray,
+    Flex,
     Wgpu,
     Cuda,
 }
@@ -139,9 +140,14 @@ struct TrainArgs {
     /// BalancedCheckpointing does. Same numbers, less activation memory.
     #[arg(long, default_value = "none")]
     activation_checkpointing: ActivationCheckpointing,
-    /// Inner backend (wgpu and cuda need the cargo features of the same names).
+    /// Inner backend: ndarray or flex (Burn's pure-Rust CPU backends), wgpu or cuda (these
+    /// two need the cargo features of the same names).
     #[arg(long, value_enum, default_value = "ndarray")]
     backend: BackendName,
+    /// Threads each rank computes with [default: the host's cores divided by the ranks on it,
+    /// at least 1].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    threads_per_rank: Option<u64>,
     /// fused | generic: the rotation steps on our own kernels (the fused `#[cube]` kernels on
     /// wgpu and cuda, GEMMs on strided views on NdArray) or the compositions of Burn ops
     /// they replace (to compare them).
@@ -272,6 +278,10 @@ fn run_training(
     match backend {
         BackendName::Ndarray => train::<burn::backend::NdArray>(cfg, |_| Default::default(), p)
             .map_err(|e| e.to_string()),
+        #[cfg(feature = "flex")]
+        BackendName::Flex => {
+            train::<burn::backend::Flex>(cfg, |_| Default::default(), p).map_err(|e| e.to_string())
+        }
         #[cfg(feature = "wgpu")]
         BackendName::Wgpu => {
             train::<burn::backend::Wgpu>(cfg, |_| Default::default(), p).map_err(|e| e.to_string())
@@ -665,6 +675,7 @@ fn main() -> ExitCode {
     cfg.activation_checkpointing = a.activation_checkpointing;
     cfg.mpi_progress = a.mpi_progress;
     cfg.one_malloc_arena = !a.mpi_keep_malloc_arenas;
+    cfg.threads_per_rank = a.threads_per_rank.map(|n| n as usize);
     cfg.steps = a.steps;
     cfg.batch = a.batch;
     cfg.model = a.model.config();

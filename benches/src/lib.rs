@@ -2,6 +2,7 @@
 //! training steps on demand, so benchmarks time steps, not world start-up.
 #![warn(missing_docs)]
 
+pub mod backend_figures;
 pub mod burn_ddp;
 pub mod checkpointing;
 pub mod figures;

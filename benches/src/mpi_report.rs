@@ -365,7 +365,16 @@ fn run_peer(python: &Path, strategy: &str, ranks: usize, job: &Job) -> Result<Jo
         .arg(python)
         .arg(pytorch_peer_script())
         .args(["--strategy", strategy, "--job"])
-        .arg(serde_json::to_string(job).expect("serialisable"));
+        .arg(serde_json::to_string(job).expect("serialisable"))
+        // The same threads per rank as ours: all of them on one host, so our default
+        // (`RtpConfig::threads_per_rank_here`) is the cores divided by the ranks.
+        .arg("--threads")
+        .arg(
+            burn_rtp::RtpConfig::new(ranks)
+                .with_transport(burn_rtp::TransportKind::InProcess)
+                .threads_per_rank_here()
+                .to_string(),
+        );
     let what = format!("PyTorch {strategy} at -np {ranks}");
     job_output(cmd, job, &what, false)?.ok_or_else(|| format!("{what} wrote no result"))
 }

@@ -166,6 +166,10 @@ pub struct RtpConfig {
     /// 0: each gradient is all-reduced on its own after the backward; see
     /// [`RtpConfig::with_ddp_bucket_bytes`]).
     pub ddp_bucket_bytes: usize,
+    /// Threads each rank computes with: the size of the rayon pool its program runs in
+    /// (`None`: the host's cores divided by the ranks on it, at least one; see
+    /// [`RtpConfig::threads_per_rank_here`]).
+    pub threads_per_rank: Option<usize>,
 }
 
 /// How the ranks of a world talk to each other.
@@ -270,7 +274,32 @@ impl RtpConfig {
             mpi_progress: MpiProgress::Auto,
             one_malloc_arena: true,
             ddp_bucket_bytes: DEFAULT_DDP_BUCKET_BYTES,
+            threads_per_rank: None,
         }
+    }
+
+    /// Sets the threads each rank computes with. Each rank's program runs in a rayon pool of
+    /// this size, which the inner backend's parallel kernels use (Flex's GEMMs and element-wise
+    /// ops, burn-ndarray's parallel iterators); by default the ranks on a host share its cores
+    /// evenly, so N ranks never oversubscribe them.
+    pub fn with_threads_per_rank(mut self, threads: usize) -> Self {
+        self.threads_per_rank = Some(threads.max(1));
+        self
+    }
+
+    /// The threads each rank of this process computes with: the chosen count, or the host's
+    /// cores divided by the ranks on this host (the world in-process; under `mpirun`, the
+    /// launcher's local size), at least one.
+    pub fn threads_per_rank_here(&self) -> usize {
+        if let Some(threads) = self.threads_per_rank {
+            return threads;
+        }
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let ranks_here = match self.transport_kind() {
+            TransportKind::InProcess => self.world_size,
+            _ => mpi_launch().map_or(self.world_size, |l| l.local_size),
+        };
+        (cores / ranks_here.max(1)).max(1)
     }
 
     /// Chooses the transport instead of letting the environment decide.

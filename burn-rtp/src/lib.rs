@@ -59,10 +59,30 @@
 //!
 //! | feature | what it adds |
 //! |---|---|
-//! | (none) | `Rtp<B>` over any Burn backend; in-process ranks; NdArray's native rotation steps |
+//! | (none) | `Rtp<NdArray>`; in-process ranks; NdArray's native rotation steps |
+//! | `flex` | `Rtp<Flex>`, Burn 0.21's pure-Rust CPU backend (the gemm crate, strided views, f16 and bf16) |
 //! | `mpi` | one rank per process under `mpirun`, on Open MPI (needs `libopenmpi-dev` and `libclang-dev` to build) |
 //! | `wgpu` | `Rtp<Wgpu>` with the fused `#[cube]` rotation kernels (runs on Mesa's lavapipe) |
 //! | `cuda` | `Rtp<Cuda>` with the fused `#[cube]` kernels; it compiles, and has not yet run on a GPU |
+//! | `nccl` | one rank per process and GPU under `mpirun`: tensors move over NCCL, control messages over MPI (needs `cuda` and `mpi`; runs only where libnccl and NVIDIA GPUs are) |
+//!
+//! # Inner backends
+//!
+//! `Rtp<B>` needs `B: RotationKernels`, which burn-rtp-kernels implements for the backends
+//! below (the orphan rule keeps users from adding it for Burn's own types). Every op of Burn's
+//! backend traits reaches `B`'s own implementation (`tests/forwarding.rs`).
+//!
+//! | inner backend | feature | builds in CI | tested in CI | rotation steps |
+//! |---|---|---|---|---|
+//! | `NdArray` | (none) | yes | equivalence at N = 1, 2, 3, 4, 8; MPI | native GEMM on strided views |
+//! | `Flex` | `flex` | yes | equivalence at N = 1, 2, 3, 4, 8 | Burn's ops (the gemm crate on views) |
+//! | `Wgpu` (a `CubeBackend`) | `wgpu` | yes | equivalence at N = 2, 3 on lavapipe | fused `#[cube]` kernels |
+//! | `Cuda` (a `CubeBackend`) | `cuda` | yes | needs a GPU | fused `#[cube]` kernels |
+//! | `Fusion<B>` over a cube backend | burn-rtp-kernels' `fusion` | no | no | Burn's ops, fused by Fusion |
+//!
+//! Not covered yet: Candle, LibTorch (needs libtorch), Router and Dispatch (wrappers of other
+//! backends), and the cubecl CPU runtime (`burn-cpu`, whose build script downloads LLVM; it is
+//! a `CubeBackend`, so the cube impl covers its type).
 //!
 //! # Process-wide effects
 //!

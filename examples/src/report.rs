@@ -62,6 +62,12 @@ pub struct Report {
     pub ideal_model_state_bytes_per_rank: u64,
     /// `fused` (the `#[cube]` rotation kernels ran) or `generic` (compositions of Burn ops).
     pub kernels: String,
+    /// The inner backend's name (`ndarray`, `flex`, ...).
+    #[serde(default)]
+    pub backend: String,
+    /// Threads each rank computed with (the size of its compute pool).
+    #[serde(default)]
+    pub threads_per_rank: usize,
     /// `none` or `balanced`: whether the backward pass recomputed memory-bound activations.
     #[serde(default)]
     pub activation_checkpointing: String,
@@ -73,7 +79,7 @@ pub struct Report {
 }
 
 /// The keys a report must have; tests and tools check against this list.
-pub const REPORT_KEYS: [&str; 17] = [
+pub const REPORT_KEYS: [&str; 19] = [
     "strategy",
     "ranks",
     "steps",
@@ -89,6 +95,8 @@ pub const REPORT_KEYS: [&str; 17] = [
     "mpi_progress_per_rank",
     "ideal_model_state_bytes_per_rank",
     "kernels",
+    "backend",
+    "threads_per_rank",
     "activation_checkpointing",
     "hidden_transfer_fraction_per_rank",
 ];

@@ -93,6 +93,9 @@ pub struct TrainConfig {
     /// (`Autodiff<Rtp<I>, BalancedCheckpointing>`) instead of keeping them. The numbers are
     /// the same, so a run may resume under either setting.
     pub activation_checkpointing: ActivationCheckpointing,
+    /// Threads each rank computes with (`None`: the host's cores divided by the ranks on it;
+    /// [`burn_rtp::RtpConfig::with_threads_per_rank`]).
+    pub threads_per_rank: Option<usize>,
 }
 
 impl TrainConfig {
@@ -128,6 +131,7 @@ impl TrainConfig {
             one_malloc_arena: true,
             shard_threshold: None,
             activation_checkpointing: ActivationCheckpointing::None,
+            threads_per_rank: None,
         }
     }
 
@@ -803,6 +807,11 @@ fn train_once<I: RotationKernels>(
     rtp = rtp
         .with_mpi_progress(cfg.mpi_progress)
         .with_one_malloc_arena(cfg.one_malloc_arena);
+    if let Some(threads) = cfg.threads_per_rank {
+        rtp = rtp.with_threads_per_rank(threads);
+    }
+    let threads_per_rank = rtp.threads_per_rank_here();
+    let backend = I::name(&inner_device(0));
     let job = RankJob {
         cfg,
         corpus: &corpus,
@@ -852,6 +861,8 @@ fn train_once<I: RotationKernels>(
             .collect(),
         ideal_model_state_bytes_per_rank: (first.params * 4 * 4 / world) as u64,
         kernels: I::kernel_path().to_string(),
+        backend,
+        threads_per_rank,
         activation_checkpointing: cfg.activation_checkpointing.to_string(),
         hidden_transfer_fraction_per_rank: first.memory.iter().map(|m| m.hidden).collect(),
     };

@@ -460,9 +460,17 @@ pub mod mpi {
     }
 
     pub fn losses(cfg: &TrainConfig) -> Vec<f64> {
+        losses_on::<Inner>(cfg)
+    }
+
+    /// The in-process run's losses on the inner backend `I`.
+    pub fn losses_on<I: burn_rtp::RotationKernels>(cfg: &TrainConfig) -> Vec<f64>
+    where
+        I::Device: Default,
+    {
         let mut cfg = cfg.clone();
         cfg.transport = Some(burn_rtp::TransportKind::InProcess);
-        train::<Inner>(&cfg, |_| Default::default(), None)
+        train::<I>(&cfg, |_| Default::default(), None)
             .unwrap()
             .report
             .losses
@@ -510,8 +518,16 @@ pub mod mpi {
     /// A child's job: trains as the variables ask; rank 0 writes its report to
     /// `RTP_TEST_REPORT`.
     pub fn child_train() {
+        child_train_on::<Inner>();
+    }
+
+    /// [`child_train`] on the inner backend `I`.
+    pub fn child_train_on<I: burn_rtp::RotationKernels>()
+    where
+        I::Device: Default,
+    {
         let cfg = child_config();
-        let out = train::<Inner>(&cfg, |_| Default::default(), None)
+        let out = train::<I>(&cfg, |_| Default::default(), None)
             .unwrap_or_else(|e| panic!("rank {}: {e}", mpi_rank()));
         if out.rank == 0 {
             let path = std::env::var("RTP_TEST_REPORT").unwrap();

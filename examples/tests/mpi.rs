@@ -9,7 +9,9 @@ mod common;
 
 use burn_rtp::RotationMode;
 use burn_rtp_examples::{train, Strategy};
-use common::mpi::{child_config, losses, mpi_rank, pids, read_report, text, wait_at_most, STEPS};
+use common::mpi::{
+    child_config, losses, losses_on, mpi_rank, pids, read_report, text, wait_at_most, STEPS,
+};
 use common::tiny;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -48,6 +50,12 @@ fn temp_dir(name: &str) -> common::TestDir {
 #[ignore = "runs under mpirun, started by the tests of this file"]
 fn child_train() {
     common::mpi::child_train();
+}
+
+#[test]
+#[ignore = "runs under mpirun, started by the tests of this file"]
+fn child_train_flex() {
+    common::mpi::child_train_on::<burn::backend::Flex>();
 }
 
 #[test]
@@ -143,6 +151,49 @@ fn mpi_training_matches_single_device_and_in_process() {
             assert_eq!(report.mpi_progress_per_rank.len(), np, "{label}");
         }
     }
+}
+
+/// On Flex, RTP at -np 3 (every parameter sharded) trains like single-device Flex (1e-5
+/// relative) and like the same run in-process, bit for bit; Flex's sends lend the tensor's
+/// bytes, as NdArray's do.
+#[test]
+fn flex_under_mpi_matches_single_device_and_in_process() {
+    type Flex = burn::backend::Flex;
+    let dir = temp_dir("flex");
+    let single = losses_on::<Flex>(&tiny(Strategy::Ddp, 1, STEPS));
+    let np = 3;
+    let report_path = dir.join("rtp-flex-3.json");
+    let out = mpirun(
+        np,
+        "child_train_flex",
+        &[
+            ("RTP_TEST_STRATEGY", Strategy::Rtp.to_string()),
+            ("RTP_TEST_ROTATION", RotationMode::OutOfPlace.to_string()),
+            ("RTP_TEST_REPORT", report_path.display().to_string()),
+        ],
+    )
+    .output()
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "rtp on flex at -np {np} failed:\n{}",
+        text(&out)
+    );
+    let report = read_report(&report_path);
+    assert_eq!((report.transport.as_str(), report.ranks), ("mpi", np));
+    assert_eq!(report.losses.len(), STEPS);
+    for (step, (m, s)) in report.losses.iter().zip(&single).enumerate() {
+        let rel = (m - s).abs() / s.abs();
+        assert!(
+            rel <= 1e-5,
+            "flex: step {step} loss {m} vs single-device {s} ({rel:.2e})"
+        );
+    }
+    let in_process = losses_on::<Flex>(&tiny(Strategy::Rtp, np, STEPS));
+    assert_eq!(
+        report.losses, in_process,
+        "flex: MPI and in-process losses differ"
+    );
 }
 
 /// Over a transport that moves a large message only while both processes call MPI (Open

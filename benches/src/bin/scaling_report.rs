@@ -14,6 +14,9 @@
 //!
 //! Config A on wgpu at N = 2, fused kernels against generic (`--features wgpu`): add `--wgpu`;
 //! with `--wgpu-only`, only that section is (re)written.
+//!
+//! NdArray against Flex, config A in-process (single, and DDP and RTP at N = 4): add
+//! `--backends`; with `--backends-only`, only that section is (re)written.
 
 use burn_rtp::{MpiProgress, TransportKind};
 use burn_rtp_benches::mpi_report::{self, Job, MpiReportConfig};
@@ -77,6 +80,14 @@ struct Cli {
     /// With `--wgpu`: only add that section to the report already in `--out`.
     #[arg(long, requires = "wgpu")]
     wgpu_only: bool,
+    /// Add the inner backends side by side (config A in-process: single, and DDP and RTP at
+    /// N = 4, on NdArray and on Flex) to the report in `--out`; with `--backends-only`, only
+    /// that.
+    #[arg(long)]
+    backends: bool,
+    /// With `--backends`: only add that section to the report already in `--out`.
+    #[arg(long, requires = "backends")]
+    backends_only: bool,
     /// Only measure the activation section (RTP with and without balanced activation
     /// checkpointing, and the planner's checkpointed predictions in-process) and add it to
     /// the report already in `--out`, with its figures.
@@ -313,16 +324,10 @@ fn add_wgpu(cli: &Cli, out: &Path) -> ExitCode {
             (5, 3)
         };
         let log = |m: &str| eprintln!("{m}");
-        match burn_rtp_benches::wgpu_figures::add_to_report(out, repeats, steps, &log) {
-            Ok(summary) => {
-                println!("wgpu, config A at N = 2: {summary}");
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("error: wgpu figures: {e}");
-                ExitCode::FAILURE
-            }
-        }
+        section_status(
+            "wgpu, config A at N = 2",
+            burn_rtp_benches::wgpu_figures::add_to_report(out, repeats, steps, &log),
+        )
     }
     #[cfg(not(feature = "wgpu"))]
     {
@@ -397,11 +402,42 @@ fn main() -> ExitCode {
     if cli.wgpu && status == ExitCode::SUCCESS {
         status = add_wgpu(&cli, &out);
     }
+    if cli.backends && status == ExitCode::SUCCESS {
+        status = add_backends(&cli, &out);
+    }
     status
 }
 
+/// Adds the inner backends' figures to the report in `out`.
+fn add_backends(cli: &Cli, out: &Path) -> ExitCode {
+    let (repeats, steps) = if cli.quick || cli.tiny {
+        (2, 1)
+    } else {
+        (5, 3)
+    };
+    let log = |m: &str| eprintln!("{m}");
+    section_status(
+        "inner backends, config A",
+        burn_rtp_benches::backend_figures::add_to_report(out, repeats, steps, &log),
+    )
+}
+
+/// Prints what adding a report section gave (its summary, or its error) as the exit status.
+fn section_status(what: &str, added: Result<String, Box<dyn std::error::Error>>) -> ExitCode {
+    match added {
+        Ok(summary) => {
+            println!("{what}: {summary}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {what}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn report(cli: &Cli) -> ExitCode {
-    if cli.burn_ddp_only || cli.wgpu_only {
+    if cli.burn_ddp_only || cli.wgpu_only || cli.backends_only {
         return ExitCode::SUCCESS;
     }
     if let Some(probe) = &cli.net_probe {

@@ -3,6 +3,8 @@
 #[cfg(feature = "cube")]
 mod cube;
 pub mod embedding;
+#[cfg(feature = "flex")]
+mod flex;
 pub mod linear;
 
 /// Burn's fusion backend records ops lazily; its steps stay compositions of its own ops,

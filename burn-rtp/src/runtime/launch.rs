@@ -120,25 +120,40 @@ where
 fn run_rank<B, R, E, F>(device: RtpDevice<B>, program: &F) -> Result<R, RtpError>
 where
     B: Backend,
+    R: Send,
     E: std::fmt::Display,
-    F: Fn(RtpDevice<B>) -> Result<R, E>,
+    F: Fn(RtpDevice<B>) -> Result<R, E> + Sync,
 {
     let rank = device.rank();
-    let _current = enter_rank(&device);
-    let outcome = catch_unwind(AssertUnwindSafe(|| {
-        device
-            .agree(&device.config().shared_settings())
-            .map(|()| program(device))
-    }));
-    match outcome {
-        Ok(Ok(Ok(value))) => Ok(value),
-        Ok(Err(typed)) => Err(typed),
-        Ok(Ok(Err(e))) => Err(RtpError::RankFailed {
+    // The rank's program runs in a pool of its own share of the cores, so the inner
+    // backend's parallel kernels never take more than that (see `with_threads_per_rank`).
+    let threads = device.config().threads_per_rank_here();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(move |i| format!("rtp-rank-{rank}-compute-{i}"))
+        .build()
+        .map_err(|e| RtpError::RankFailed {
             rank,
-            reason: e.to_string(),
-        }),
-        Err(payload) => Err(panic_reason(rank, payload)),
-    }
+            reason: format!("could not start its pool of {threads} compute threads: {e}"),
+        })?;
+    pool.install(|| {
+        // Inside the pool: the program runs on one of its threads, which becomes this rank's.
+        let _current = enter_rank(&device);
+        let outcome = catch_unwind(AssertUnwindSafe(|| {
+            device
+                .agree(&device.config().shared_settings())
+                .map(|()| program(device))
+        }));
+        match outcome {
+            Ok(Ok(Ok(value))) => Ok(value),
+            Ok(Err(typed)) => Err(typed),
+            Ok(Ok(Err(e))) => Err(RtpError::RankFailed {
+                rank,
+                reason: e.to_string(),
+            }),
+            Err(payload) => Err(panic_reason(rank, payload)),
+        }
+    })
 }
 
 fn launch_in_process<B, R, E, F>(

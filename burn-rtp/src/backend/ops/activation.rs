@@ -13,6 +13,10 @@ impl<B: RotationKernels> ActivationOps<Self> for Rtp<B> {
         unary(tensor, |t| B::leaky_relu(t, negative_slope))
     }
 
+    fn prelu(tensor: FloatTensor<Self>, alpha: FloatTensor<Self>) -> FloatTensor<Self> {
+        binary("prelu", tensor, alpha, B::prelu)
+    }
+
     fn relu(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
         unary(tensor, B::relu)
     }

@@ -1,4 +1,7 @@
 //! Bool ops: bool tensors pass through to the inner backend; only devices are translated.
+//!
+//! Methods Burn gives a default body are forwarded as well: a default would run as a
+//! composition of Rtp's own ops (or a host read, for `bool_argwhere`) and never reach B's kernel.
 
 use crate::backend::device::current_device;
 use crate::backend::device::RtpDevice;
@@ -9,6 +12,7 @@ use burn::tensor::backend::ExecutionError;
 use burn::tensor::ops::*;
 use burn::tensor::{BoolDType, FloatDType, IntDType, Scalar, Shape, Slice, TensorData};
 use burn_rtp_kernels::RotationKernels;
+use std::future::Future;
 
 type Device<B> = <B as burn::tensor::backend::BackendTypes>::Device;
 
@@ -135,5 +139,26 @@ impl<B: RotationKernels> BoolTensorOps<Self> for Rtp<B> {
         step: usize,
     ) -> BoolTensor<Self> {
         B::bool_unfold(tensor, dim, size, step)
+    }
+
+    // Trait methods with a default body in Burn; see the module doc for why they are forwarded.
+    fn bool_argwhere(
+        tensor: BoolTensor<Self>,
+        out_dtype: IntDType,
+    ) -> impl Future<Output = IntTensor<Self>> + 'static + Send {
+        B::bool_argwhere(tensor, out_dtype)
+    }
+
+    forward! {
+        fn bool_repeat_dim(tensor: BoolTensor<Self>, dim: usize, times: usize) -> BoolTensor<Self>;
+        fn bool_cat(tensors: Vec<BoolTensor<Self>>, dim: usize) -> BoolTensor<Self>;
+        fn bool_not_equal(lhs: BoolTensor<Self>, rhs: BoolTensor<Self>) -> BoolTensor<Self>;
+        fn bool_not_equal_elem(lhs: BoolTensor<Self>, rhs: Scalar) -> BoolTensor<Self>;
+        fn bool_xor(lhs: BoolTensor<Self>, rhs: BoolTensor<Self>) -> BoolTensor<Self>;
+        fn bool_transpose(tensor: BoolTensor<Self>) -> BoolTensor<Self>;
+        fn bool_any(tensor: BoolTensor<Self>) -> BoolTensor<Self>;
+        fn bool_any_dim(tensor: BoolTensor<Self>, dim: usize) -> BoolTensor<Self>;
+        fn bool_all(tensor: BoolTensor<Self>) -> BoolTensor<Self>;
+        fn bool_all_dim(tensor: BoolTensor<Self>, dim: usize) -> BoolTensor<Self>;
     }
 }

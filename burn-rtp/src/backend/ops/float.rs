@@ -1,4 +1,12 @@
-use super::{binary, full_inner, full_layout, full_op, gathered, reshaped, unary, Float};
+//! Float ops: each runs on the inner tensors with the layout rules of `ops/mod.rs`. Every op
+//! of Burn's `FloatTensorOps` that the inner backend may implement is forwarded to it, so
+//! that none falls back to Burn's default composition (slower, and for `prod` inexact: it is
+//! `exp(sum(log x))`); `tests/forwarding.rs` keeps that list complete.
+
+use super::creation::{create, creation, load_saved_shard, Creation};
+use super::reduce::{along, last_index, mean_all, reduce_dim, reduce_dim_with};
+use super::{binary, check_same_rank, full_inner, full_layout, full_op, gathered, reshaped};
+use super::{unary, Float};
 use crate::backend::device::RtpDevice;
 use crate::backend::rtp::Rtp;
 use crate::backend::tensor::RtpTensor;
@@ -6,87 +14,16 @@ use crate::comm::collectives::all_reduce_sum;
 use crate::error::{raise, RtpError};
 use crate::state::shard_io::ShardIo;
 use crate::state::sharding::Layout;
-use crate::state::sharding::{flyweight_random, shard_range, slice_last_dim, ShardSpec};
+use crate::state::sharding::{flyweight_random, shard_range, slice_last_dim};
 use burn::tensor::backend::{Backend, ExecutionError};
+use burn::tensor::ops::GridSampleOptions;
 use burn::tensor::ops::{BoolTensor, FloatTensor, FloatTensorOps, IntTensor};
 use burn::tensor::{
-    BoolDType, Distribution, FloatDType, IntDType, Scalar, Shape, Slice, TensorData, TensorMetadata,
+    BoolDType, Distribution, FloatDType, IndexingUpdateOp, IntDType, Scalar, Shape, Slice,
+    TensorData, TensorMetadata,
 };
 use burn_rtp_kernels::RotationKernels;
 use std::sync::Arc;
-
-/// How a tensor created on `device` is placed: a parameter (inside persistent allocation) is
-/// sharded or replicated by the placement policy; anything else is local.
-enum Creation {
-    Local,
-    Replicated,
-    Sharded(ShardSpec),
-}
-
-fn creation<B: Backend>(device: &RtpDevice<B>, shape: &Shape) -> Creation {
-    let ctx = &device.ctx;
-    if !ctx.persistent() {
-        return Creation::Local;
-    }
-    match ctx.param_spec(shape) {
-        Some(spec) => Creation::Sharded(spec),
-        None => Creation::Replicated,
-    }
-}
-
-/// Creates a tensor: `make(shape)` builds an inner tensor of the given (shard) shape.
-fn create<B: Backend>(
-    device: &RtpDevice<B>,
-    shape: Shape,
-    make: impl FnOnce(Shape) -> Float<B>,
-) -> RtpTensor<B> {
-    let ctx = device.ctx.clone();
-    match creation(device, &shape) {
-        Creation::Local => RtpTensor::new(ctx, make(shape), Layout::Local),
-        Creation::Replicated => RtpTensor::new(ctx, make(shape), Layout::Replicated),
-        Creation::Sharded(spec) => {
-            let inner = make(spec.shard_shape(ctx.comm.rank));
-            RtpTensor::new(ctx, inner, Layout::Sharded(spec))
-        }
-    }
-}
-
-/// While loading shards, data shaped like a saved shard becomes this rank's shard again.
-fn load_saved_shard<B: Backend>(device: &RtpDevice<B>, data: &TensorData) -> Option<RtpTensor<B>> {
-    let ctx = &device.ctx;
-    let shape = data.shape.to_vec();
-    let layout = ctx.shard_io.with(|io| {
-        let ShardIo::Loading(map) = io else {
-            return Ok(None);
-        };
-        if let Some(full) = map.full_of(&shape) {
-            let spec = ShardSpec {
-                full: Shape::from(full.clone()),
-                world: ctx.comm.world_size,
-            };
-            if spec.shard_shape(ctx.comm.rank).to_vec() != shape {
-                return Err(RtpError::ShardMap {
-                    rank: ctx.comm.rank,
-                    op: "load_shards".into(),
-                    reason: format!(
-                        "the checkpoint has a shard of shape {shape:?} of {full:?}, but this \
-                         rank's shard of {full:?} in a world of {} is {:?}",
-                        ctx.comm.world_size,
-                        spec.shard_shape(ctx.comm.rank).to_vec()
-                    ),
-                });
-            }
-            Ok(Some(Layout::Sharded(spec)))
-        } else if map.replicated.contains(&shape) {
-            Ok(Some(Layout::Replicated))
-        } else {
-            Ok(None)
-        }
-    });
-    let layout = layout.unwrap_or_else(|e| raise(e))?;
-    let inner = B::float_from_data(data.clone(), &ctx.comm.inner);
-    Some(RtpTensor::new(ctx.clone(), inner, layout))
-}
 
 fn full_binary<B: Backend>(
     op: &'static str,
@@ -99,112 +36,6 @@ fn full_binary<B: Backend>(
     let (r, rr) = gathered(rhs, op);
     let layout = full_layout(lr && rr);
     l.consume(|l| r.consume(|r| RtpTensor::new(ctx, f(l, r), layout)))
-}
-
-fn last_index(t: &RtpTensor<impl Backend>) -> usize {
-    t.shape().num_dims() - 1
-}
-
-/// Reduction along `dim`: shard-local unless `dim` is the sharded one, which is all-reduced.
-fn reduce_dim<B: Backend>(
-    t: RtpTensor<B>,
-    dim: usize,
-    op: &'static str,
-    mean: bool,
-) -> RtpTensor<B> {
-    let mut full = t.shape();
-    full[dim] = 1;
-    match t.layout.clone() {
-        Layout::Sharded(spec) if dim != last_index(&t) => {
-            let inner = if mean {
-                B::float_mean_dim(t.inner.clone(), dim)
-            } else {
-                B::float_sum_dim(t.inner.clone(), dim)
-            };
-            t.derive(inner, Layout::Sharded(spec.with_full(full)))
-        }
-        Layout::Sharded(spec) => {
-            let ctx = t.ctx.clone();
-            let partial = B::float_sum_dim(t.inner.clone(), dim);
-            let mut summed = all_reduce_sum(&ctx.comm, op, partial);
-            if mean {
-                summed = B::float_div_scalar(summed, Scalar::Float(spec.last() as f64));
-            }
-            RtpTensor::new(ctx, summed, Layout::Local)
-        }
-        layout => {
-            let inner = if mean {
-                B::float_mean_dim(t.inner.clone(), dim)
-            } else {
-                B::float_sum_dim(t.inner.clone(), dim)
-            };
-            t.derive(inner, layout)
-        }
-    }
-}
-
-/// Cumulative op along `dim`: shard-local unless it runs along the sharded dimension.
-fn along<B: Backend>(
-    t: RtpTensor<B>,
-    dim: usize,
-    op: &'static str,
-    f: impl FnOnce(Float<B>) -> Float<B>,
-) -> RtpTensor<B> {
-    if matches!(t.layout, Layout::Sharded(_)) && dim == last_index(&t) {
-        full_op(t, op, f)
-    } else {
-        unary(t, f)
-    }
-}
-
-macro_rules! unary_ops {
-    ($($name:ident),* $(,)?) => {
-        $(fn $name(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-            unary(tensor, B::$name)
-        })*
-    };
-}
-
-macro_rules! scalar_ops {
-    ($($name:ident),* $(,)?) => {
-        $(fn $name(lhs: FloatTensor<Self>, rhs: Scalar) -> FloatTensor<Self> {
-            unary(lhs, |t| B::$name(t, rhs))
-        })*
-    };
-}
-
-macro_rules! binary_ops {
-    ($($name:ident),* $(,)?) => {
-        $(fn $name(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
-            binary(stringify!($name), lhs, rhs, B::$name)
-        })*
-    };
-}
-
-macro_rules! compare_ops {
-    ($($name:ident),* $(,)?) => {
-        $(fn $name(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>, out_dtype: BoolDType) -> BoolTensor<Self> {
-            let l = full_inner(lhs, stringify!($name));
-            let r = full_inner(rhs, stringify!($name));
-            B::$name(l.get(), r.get(), out_dtype)
-        })*
-    };
-}
-
-macro_rules! compare_elem_ops {
-    ($($name:ident),* $(,)?) => {
-        $(fn $name(lhs: FloatTensor<Self>, rhs: Scalar, out_dtype: BoolDType) -> BoolTensor<Self> {
-            full_inner(lhs, stringify!($name)).consume(|l| B::$name(l, rhs, out_dtype))
-        })*
-    };
-}
-
-macro_rules! along_ops {
-    ($($name:ident),* $(,)?) => {
-        $(fn $name(tensor: FloatTensor<Self>, dim: usize) -> FloatTensor<Self> {
-            along(tensor, dim, stringify!($name), |t| B::$name(t, dim))
-        })*
-    };
 }
 
 impl<B: RotationKernels> FloatTensorOps<Self> for Rtp<B> {
@@ -357,6 +188,9 @@ impl<B: RotationKernels> FloatTensorOps<Self> for Rtp<B> {
         float_div_scalar,
         float_remainder_scalar,
         float_powf_scalar_impl,
+        float_powf_scalar,
+        float_powi_scalar,
+        float_powi_scalar_impl,
     );
 
     unary_ops!(
@@ -383,6 +217,7 @@ impl<B: RotationKernels> FloatTensorOps<Self> for Rtp<B> {
         float_ceil,
         float_trunc,
         float_erf,
+        float_sign,
     );
 
     fn float_clamp(tensor: FloatTensor<Self>, min: Scalar, max: Scalar) -> FloatTensor<Self> {
@@ -535,7 +370,8 @@ impl<B: RotationKernels> FloatTensorOps<Self> for Rtp<B> {
         float_greater,
         float_greater_equal,
         float_lower,
-        float_lower_equal
+        float_lower_equal,
+        float_not_equal,
     );
 
     compare_elem_ops!(
@@ -544,6 +380,7 @@ impl<B: RotationKernels> FloatTensorOps<Self> for Rtp<B> {
         float_greater_equal_elem,
         float_lower_elem,
         float_lower_equal_elem,
+        float_not_equal_elem,
     );
 
     fn float_sum(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
@@ -601,4 +438,159 @@ impl<B: RotationKernels> FloatTensorOps<Self> for Rtp<B> {
             B::float_unfold(t, dim, size, step)
         })
     }
+
+    fn float_mean(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
+        mean_all(tensor)
+    }
+
+    whole_ops!(float_prod, float_max, float_min, float_max_abs);
+
+    reduce_dim_ops!(
+        float_prod_dim,
+        float_max_dim,
+        float_min_dim,
+        float_max_abs_dim
+    );
+
+    to_bool_ops!(
+        float_any(out_dtype: BoolDType),
+        float_any_dim(dim: usize, out_dtype: BoolDType),
+        float_all(out_dtype: BoolDType),
+        float_all_dim(dim: usize, out_dtype: BoolDType),
+        float_is_nan(out_dtype: BoolDType),
+        float_is_inf(out_dtype: BoolDType),
+    );
+
+    // The indices are an int tensor, which has no layout: the operand is whole.
+    fn float_max_dim_with_indices(
+        tensor: FloatTensor<Self>,
+        dim: usize,
+        indices_dtype: IntDType,
+    ) -> (FloatTensor<Self>, IntTensor<Self>) {
+        with_indices(tensor, "float_max_dim_with_indices", |t| {
+            B::float_max_dim_with_indices(t, dim, indices_dtype)
+        })
+    }
+
+    fn float_min_dim_with_indices(
+        tensor: FloatTensor<Self>,
+        dim: usize,
+        indices_dtype: IntDType,
+    ) -> (FloatTensor<Self>, IntTensor<Self>) {
+        with_indices(tensor, "float_min_dim_with_indices", |t| {
+            B::float_min_dim_with_indices(t, dim, indices_dtype)
+        })
+    }
+
+    fn float_sort_with_indices(
+        tensor: FloatTensor<Self>,
+        dim: usize,
+        descending: bool,
+        indices_dtype: IntDType,
+    ) -> (FloatTensor<Self>, IntTensor<Self>) {
+        with_indices(tensor, "float_sort_with_indices", |t| {
+            B::float_sort_with_indices(t, dim, descending, indices_dtype)
+        })
+    }
+
+    fn float_sort(tensor: FloatTensor<Self>, dim: usize, descending: bool) -> FloatTensor<Self> {
+        full_op(tensor, "float_sort", |t| B::float_sort(t, dim, descending))
+    }
+
+    fn float_argsort(
+        tensor: FloatTensor<Self>,
+        dim: usize,
+        descending: bool,
+        out_dtype: IntDType,
+    ) -> IntTensor<Self> {
+        full_inner(tensor, "float_argsort")
+            .consume(|t| B::float_argsort(t, dim, descending, out_dtype))
+    }
+
+    fn float_topk(tensor: FloatTensor<Self>, dim: usize, k: usize) -> FloatTensor<Self> {
+        full_op(tensor, "float_topk", |t| B::float_topk(t, dim, k))
+    }
+
+    fn float_powi(lhs: FloatTensor<Self>, rhs: IntTensor<Self>) -> FloatTensor<Self> {
+        full_op(lhs, "float_powi", |t| B::float_powi(t, rhs))
+    }
+
+    fn float_transpose(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
+        let dims = tensor.shape().num_dims();
+        if dims < 2 {
+            return tensor;
+        }
+        Self::float_swap_dims(tensor, dims - 2, dims - 1)
+    }
+
+    fn float_repeat_dim(tensor: FloatTensor<Self>, dim: usize, times: usize) -> FloatTensor<Self> {
+        let keeps = dim != last_index(&tensor);
+        let mut shape = tensor.shape();
+        shape[dim] *= times;
+        reshaped(tensor, "float_repeat_dim", shape, keeps, |t, _| {
+            B::float_repeat_dim(t, dim, times)
+        })
+    }
+
+    // Burn's default is one slice-assign per input into an empty tensor; the inner backend's
+    // concatenation is one pass (DDP's gradient buckets are assembled with it).
+    fn float_cat(tensors: Vec<FloatTensor<Self>>, dim: usize) -> FloatTensor<Self> {
+        let ctx = tensors[0].ctx.clone();
+        for t in &tensors[1..] {
+            check_same_rank("float_cat", &ctx, &t.ctx);
+        }
+        let held: Vec<_> = tensors
+            .into_iter()
+            .map(|t| gathered(t, "float_cat"))
+            .collect();
+        let replicated = held.iter().all(|(_, r)| *r);
+        let out = B::float_cat(held.iter().map(|(h, _)| h.get()).collect(), dim);
+        drop(held);
+        RtpTensor::new(ctx, out, full_layout(replicated))
+    }
+
+    fn float_gather_nd(data: FloatTensor<Self>, indices: IntTensor<Self>) -> FloatTensor<Self> {
+        full_op(data, "float_gather_nd", |t| B::float_gather_nd(t, indices))
+    }
+
+    fn float_scatter_nd(
+        data: FloatTensor<Self>,
+        indices: IntTensor<Self>,
+        values: FloatTensor<Self>,
+        reduction: IndexingUpdateOp,
+    ) -> FloatTensor<Self> {
+        full_binary("float_scatter_nd", data, values, |d, v| {
+            B::float_scatter_nd(d, indices, v, reduction)
+        })
+    }
+
+    fn float_grid_sample_2d(
+        tensor: FloatTensor<Self>,
+        grid: FloatTensor<Self>,
+        options: GridSampleOptions,
+    ) -> FloatTensor<Self> {
+        full_binary("float_grid_sample_2d", tensor, grid, |t, g| {
+            B::float_grid_sample_2d(t, g, options)
+        })
+    }
+
+    // Autodiff sits above the decorator: below it nothing tracks gradients, so Burn's
+    // defaults (identity, and `false`) are right for `float_detach`,
+    // `float_set_require_grad` and `float_is_require_grad`.
+}
+
+/// An op whose result comes with int indices (which have no layout): the operand is whole,
+/// gathered if it is a shard, and the values are per-rank (or replicated, if it was).
+fn with_indices<B: RotationKernels>(
+    tensor: RtpTensor<B>,
+    op: &'static str,
+    f: impl FnOnce(Float<B>) -> (Float<B>, burn::tensor::ops::IntTensor<B>),
+) -> (RtpTensor<B>, burn::tensor::ops::IntTensor<B>) {
+    let ctx = tensor.ctx.clone();
+    let (full, replicated) = gathered(tensor, op);
+    let (values, indices) = full.consume(f);
+    (
+        RtpTensor::new(ctx, values, full_layout(replicated)),
+        indices,
+    )
 }

@@ -1,4 +1,7 @@
 //! Int ops: int tensors pass through to the inner backend; only devices are translated.
+//!
+//! Methods Burn gives a default body are forwarded as well: a default would run as a
+//! composition of Rtp's own ops (host-built data, host sorts) and never reach B's kernel.
 
 use crate::backend::device::current_device;
 use crate::backend::device::RtpDevice;
@@ -8,9 +11,11 @@ use crate::state::sharding::Layout;
 use burn::tensor::backend::ExecutionError;
 use burn::tensor::ops::*;
 use burn::tensor::{
-    BoolDType, Distribution, FloatDType, IntDType, Scalar, Shape, Slice, TensorData,
+    BoolDType, Distribution, FloatDType, IndexingUpdateOp, IntDType, Scalar, Shape, Slice,
+    TensorData,
 };
 use burn_rtp_kernels::RotationKernels;
+use std::ops::Range;
 
 type Device<B> = <B as burn::tensor::backend::BackendTypes>::Device;
 
@@ -291,5 +296,98 @@ impl<B: RotationKernels> IntTensorOps<Self> for Rtp<B> {
         step: usize,
     ) -> IntTensor<Self> {
         B::int_unfold(tensor, dim, size, step)
+    }
+
+    // Trait methods with a default body in Burn; see the module doc for why they are forwarded.
+    fn int_zeros(shape: Shape, device: &Device<Self>, dtype: IntDType) -> IntTensor<Self> {
+        B::int_zeros(shape, &device.ctx.comm.inner, dtype)
+    }
+    fn int_ones(shape: Shape, device: &Device<Self>, dtype: IntDType) -> IntTensor<Self> {
+        B::int_ones(shape, &device.ctx.comm.inner, dtype)
+    }
+    fn int_full(
+        shape: Shape,
+        fill_value: Scalar,
+        device: &Device<Self>,
+        dtype: IntDType,
+    ) -> IntTensor<Self> {
+        B::int_full(shape, fill_value, &device.ctx.comm.inner, dtype)
+    }
+    fn int_arange_step(
+        range: Range<i64>,
+        step: usize,
+        device: &Device<Self>,
+        dtype: IntDType,
+    ) -> IntTensor<Self> {
+        B::int_arange_step(range, step, &device.ctx.comm.inner, dtype)
+    }
+    fn int_arange(range: Range<i64>, device: &Device<Self>, dtype: IntDType) -> IntTensor<Self> {
+        B::int_arange(range, &device.ctx.comm.inner, dtype)
+    }
+
+    forward! {
+        fn int_scatter_nd(
+            data: IntTensor<Self>,
+            indices: IntTensor<Self>,
+            values: IntTensor<Self>,
+            reduction: IndexingUpdateOp,
+        ) -> IntTensor<Self>;
+        fn int_gather_nd(data: IntTensor<Self>, indices: IntTensor<Self>) -> IntTensor<Self>;
+        fn int_repeat_dim(tensor: IntTensor<Self>, dim: usize, times: usize) -> IntTensor<Self>;
+        fn int_cat(tensors: Vec<IntTensor<Self>>, dim: usize) -> IntTensor<Self>;
+        fn int_not_equal(
+            lhs: IntTensor<Self>,
+            rhs: IntTensor<Self>,
+            out_dtype: BoolDType,
+        ) -> BoolTensor<Self>;
+        fn int_not_equal_elem(
+            lhs: IntTensor<Self>,
+            rhs: Scalar,
+            out_dtype: BoolDType,
+        ) -> BoolTensor<Self>;
+        fn int_powi(lhs: IntTensor<Self>, rhs: IntTensor<Self>) -> IntTensor<Self>;
+        fn int_powi_scalar(lhs: IntTensor<Self>, rhs: Scalar) -> IntTensor<Self>;
+        fn int_powi_scalar_impl(lhs: IntTensor<Self>, rhs: Scalar) -> IntTensor<Self>;
+        fn int_clamp_min(tensor: IntTensor<Self>, min: Scalar) -> IntTensor<Self>;
+        fn int_clamp_max(tensor: IntTensor<Self>, max: Scalar) -> IntTensor<Self>;
+        fn int_clamp(tensor: IntTensor<Self>, min: Scalar, max: Scalar) -> IntTensor<Self>;
+        fn int_neg(tensor: IntTensor<Self>) -> IntTensor<Self>;
+        fn int_mean(tensor: IntTensor<Self>) -> IntTensor<Self>;
+        fn int_topk(tensor: IntTensor<Self>, dim: usize, k: usize) -> IntTensor<Self>;
+        fn int_max(tensor: IntTensor<Self>) -> IntTensor<Self>;
+        fn int_max_dim(tensor: IntTensor<Self>, dim: usize) -> IntTensor<Self>;
+        fn int_max_dim_with_indices(
+            tensor: IntTensor<Self>,
+            dim: usize,
+        ) -> (IntTensor<Self>, IntTensor<Self>);
+        fn int_max_abs(tensor: IntTensor<Self>) -> IntTensor<Self>;
+        fn int_max_abs_dim(tensor: IntTensor<Self>, dim: usize) -> IntTensor<Self>;
+        fn int_min(tensor: IntTensor<Self>) -> IntTensor<Self>;
+        fn int_min_dim(tensor: IntTensor<Self>, dim: usize) -> IntTensor<Self>;
+        fn int_min_dim_with_indices(
+            tensor: IntTensor<Self>,
+            dim: usize,
+        ) -> (IntTensor<Self>, IntTensor<Self>);
+        fn int_transpose(tensor: IntTensor<Self>) -> IntTensor<Self>;
+        fn int_any(tensor: IntTensor<Self>, out_dtype: BoolDType) -> BoolTensor<Self>;
+        fn int_any_dim(
+            tensor: IntTensor<Self>,
+            dim: usize,
+            out_dtype: BoolDType,
+        ) -> BoolTensor<Self>;
+        fn int_all(tensor: IntTensor<Self>, out_dtype: BoolDType) -> BoolTensor<Self>;
+        fn int_all_dim(
+            tensor: IntTensor<Self>,
+            dim: usize,
+            out_dtype: BoolDType,
+        ) -> BoolTensor<Self>;
+        fn int_sign(tensor: IntTensor<Self>) -> IntTensor<Self>;
+        fn int_sort(tensor: IntTensor<Self>, dim: usize, descending: bool) -> IntTensor<Self>;
+        fn int_sort_with_indices(
+            tensor: IntTensor<Self>,
+            dim: usize,
+            descending: bool,
+        ) -> (IntTensor<Self>, IntTensor<Self>);
+        fn int_argsort(tensor: IntTensor<Self>, dim: usize, descending: bool) -> IntTensor<Self>;
     }
 }

@@ -5,14 +5,31 @@
 //! operands first ([`gathered`]). The cleverness (rotation) lives in `linear.rs`,
 //! `embedding.rs` and [`crate::comm::rotation`]; how each strategy uses a weight, in `weights.rs`.
 
+/// Implements each listed method by calling `B`'s method of the same name with the same
+/// arguments. Only for methods without a device or float operand, whose types are B's own
+/// (int, bool and quantized tensors pass through); defined before the op modules use it.
+macro_rules! forward {
+    ($(fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty;)*) => {
+        $(fn $name($($arg: $ty),*) -> $ret {
+            B::$name($($arg),*)
+        })*
+    };
+}
+
+// Before the modules that expand its macros (textual scope).
+#[macro_use]
+mod float_macros;
+
 mod activation;
 mod bool;
+mod creation;
 mod embedding;
 mod float;
 mod int;
 mod linear;
 mod module;
 mod qtensor;
+mod reduce;
 mod transaction;
 mod weights;
 
@@ -122,7 +139,7 @@ fn ambiguous<B: Backend>(ctx: &RankCtx<B>, op: &str, layout: &Layout, shape: &Sh
     })
 }
 
-fn check_same_rank<B: Backend>(op: &str, a: &Arc<RankCtx<B>>, b: &Arc<RankCtx<B>>) {
+pub(crate) fn check_same_rank<B: Backend>(op: &str, a: &Arc<RankCtx<B>>, b: &Arc<RankCtx<B>>) {
     if !Arc::ptr_eq(a, b) {
         raise(RtpError::MixedRanks {
             rank: a.comm.rank,

@@ -1,4 +1,10 @@
 //! Quantized ops: quantized tensors are always local and pass through.
+//!
+//! Of the ops Burn's `QTensorOps` gives a default body, those a CPU inner backend implements
+//! (NdArray and Flex: `quantize_dynamic`, `q_gather`, `q_argmax`, `q_argmin`) are forwarded.
+//! The rest stay Burn's compositions on purpose: they dequantize through `dequantize` (the
+//! inner backend's), run our float ops (the inner backend's, with our layout rules) and
+//! quantize again, which is what the inner backends do themselves.
 
 use crate::backend::device::current_device;
 use crate::backend::device::RtpDevice;
@@ -7,7 +13,7 @@ use crate::backend::tensor::RtpTensor;
 use crate::state::sharding::Layout;
 use burn::tensor::backend::ExecutionError;
 use burn::tensor::ops::*;
-use burn::tensor::{FloatDType, Shape, Slice, TensorData};
+use burn::tensor::{FloatDType, IntDType, Shape, Slice, TensorData};
 use burn_rtp_kernels::RotationKernels;
 
 type Device<B> = <B as burn::tensor::backend::BackendTypes>::Device;
@@ -79,5 +85,14 @@ impl<B: RotationKernels> QTensorOps<Self> for Rtp<B> {
     }
     fn q_slice(tensor: QuantizedTensor<Self>, slices: &[Slice]) -> QuantizedTensor<Self> {
         B::q_slice(tensor, slices)
+    }
+
+    fn quantize_dynamic(tensor: FloatTensor<Self>, scheme: &QuantScheme) -> QuantizedTensor<Self> {
+        full_inner(tensor, "quantize_dynamic").consume(|t| B::quantize_dynamic(t, scheme))
+    }
+    forward! {
+        fn q_gather(dim: usize, tensor: QuantizedTensor<Self>, indices: IntTensor<Self>) -> QuantizedTensor<Self>;
+        fn q_argmax(tensor: QuantizedTensor<Self>, dim: usize, out_dtype: IntDType) -> IntTensor<Self>;
+        fn q_argmin(tensor: QuantizedTensor<Self>, dim: usize, out_dtype: IntDType) -> IntTensor<Self>;
     }
 }

@@ -1,18 +1,8 @@
-//! An inner tensor's bytes read where they lie, for byte transports (MPI).
-//!
-//! A rank that sends a shard still holds it. Copying it to a buffer of its own for every send
-//! cost 11% of a step at config B, N = 2, on a 2-core machine, and 14% at N = 4 on 16 cores
-//! (instrumented timelines): time on the critical path, before the compute that hides the
-//! transfer can start. burn-ndarray keeps a tensor in a reference-counted buffer and writes
-//! one in place only while no other handle shares it (copy-on-write). So a view that holds a
-//! handle reads bytes that nobody writes while the send is in flight, and that nobody frees.
-//! Other backends, tensors whose elements are not contiguous in row-major order, and tensors
-//! on borrowed storage are copied as before.
+//! burn-ndarray's tensors read in place: it keeps a tensor in a reference-counted buffer and
+//! writes one in place only while no other handle shares it (copy-on-write).
 
 use crate::comm::transport::HostBytes;
-use crate::state::accounting::Float;
 use burn::backend::ndarray::NdArrayTensor;
-use burn::tensor::backend::Backend;
 use burn::tensor::{DType, TensorMetadata};
 use std::any::Any;
 use std::sync::Arc;
@@ -60,17 +50,17 @@ unsafe impl HostBytes for NdArrayBytes {
     }
 }
 
-/// The bytes of `t` read in place, where its backend allows it (burn-ndarray, row-major);
-/// `None`: the caller copies them.
-pub(crate) fn view<B: Backend>(t: &Float<B>) -> Option<Arc<dyn HostBytes>> {
-    let any: &dyn Any = t;
-    let t = any.downcast_ref::<NdArrayTensor>()?;
+/// The bytes of `t` read in place, if it is a row-major burn-ndarray tensor.
+pub(super) fn view(t: &dyn Any) -> Option<Arc<dyn HostBytes>> {
+    let t = t.downcast_ref::<NdArrayTensor>()?;
     Some(Arc::new(NdArrayBytes::new(t)?))
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::view;
     use super::*;
+    use crate::state::accounting::Float;
     use burn::backend::NdArray;
     use burn::tensor::ops::FloatTensorOps;
     use burn::tensor::TensorData;
