@@ -4,7 +4,7 @@
 //! on each.
 
 use crate::report::add_section;
-use crate::{median, models, Case, Driver, Variant};
+use crate::{median, models, Case, Driver, InnerBackend, Variant};
 use burn::backend::{Flex, NdArray};
 use serde_json::{json, Map, Value};
 use std::path::Path;
@@ -15,12 +15,9 @@ pub const HEADING: &str = "## Inner backends: NdArray against Flex (config A, in
 /// The key of these figures in `report.json`.
 pub const KEY: &str = "inner_backends_config_a";
 
-/// The inner backends compared, by name.
-const BACKENDS: [&str; 2] = ["ndarray", "flex"];
-
 /// One measured cell: a strategy at a world size on one inner backend.
 struct Cell {
-    backend: &'static str,
+    backend: InnerBackend,
     label: &'static str,
     ranks: usize,
     driver: Driver,
@@ -28,10 +25,10 @@ struct Cell {
     peak_bytes: u64,
 }
 
-fn start(backend: &str, case: Case) -> Result<Driver, burn_rtp::RtpError> {
+fn start(backend: InnerBackend, case: Case) -> Result<Driver, burn_rtp::RtpError> {
     match backend {
-        "flex" => Driver::start_on::<Flex>(case),
-        _ => Driver::start_on::<NdArray>(case),
+        InnerBackend::Flex => Driver::start_on::<Flex>(case),
+        InnerBackend::Ndarray => Driver::start_on::<NdArray>(case),
     }
 }
 
@@ -49,9 +46,10 @@ pub fn measure(
     ];
     let mut cells = Vec::new();
     for (label, variant, ranks) in shapes {
-        for backend in BACKENDS {
+        for backend in InnerBackend::ALL {
             log(&format!(
-                "backends: starting {label} at N = {ranks} on {backend}"
+                "backends: starting {label} at N = {ranks} on {}",
+                backend.name()
             ));
             let case = Case {
                 variant,
@@ -95,7 +93,7 @@ pub fn measure(
             .iter()
             .fold((f64::MAX, 0f64), |(lo, hi), t| (lo.min(*t), hi.max(*t)));
         rows.push(json!({
-            "backend": cell.backend,
+            "backend": cell.backend.name(),
             "strategy": cell.label,
             "ranks": cell.ranks,
             "step_ms_median": ms,
@@ -105,7 +103,7 @@ pub fn measure(
         }));
     }
     for (label, _, ranks) in shapes {
-        let of = |backend: &str| {
+        let of = |backend: InnerBackend| {
             cells
                 .iter()
                 .find(|c| c.backend == backend && c.label == label && c.ranks == ranks)
@@ -114,7 +112,7 @@ pub fn measure(
         };
         out.insert(
             format!("flex_over_ndarray_step_{label}_n{ranks}"),
-            json!(of("flex") / of("ndarray")),
+            json!(of(InnerBackend::Flex) / of(InnerBackend::Ndarray)),
         );
     }
     out.insert(
@@ -123,12 +121,16 @@ pub fn measure(
     );
     out.insert("steps_per_sample".into(), json!(steps));
     out.insert("samples".into(), json!(repeats));
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
     out.insert(
         "threads".into(),
-        json!(
-            "each rank is one thread; NdArray's GEMMs run on it alone, Flex's large GEMMs also \
-             use rayon's global pool (one thread per core, shared by every rank)"
-        ),
+        json!(format!(
+            "each rank computes in a rayon pool of the host's {cores} cores divided by the \
+             ranks ({} thread(s) at N = 1, {} at N = 4), which both backends' parallel \
+             kernels use",
+            cores.max(1),
+            (cores / 4).max(1)
+        )),
     );
     out.insert("cells".into(), Value::Array(rows));
     Ok(Value::Object(out))

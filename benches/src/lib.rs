@@ -6,6 +6,7 @@ pub mod backend_figures;
 pub mod burn_ddp;
 pub mod checkpointing;
 pub mod figures;
+pub mod mpi_backends;
 pub mod mpi_report;
 pub mod net_report;
 pub mod peer_mlp;
@@ -111,6 +112,30 @@ impl Variant {
             (Strategy::Fsdp, _) => "fsdp",
             (Strategy::Rtp, RotationMode::OutOfPlace) => "rtp-oop",
             (Strategy::Rtp, RotationMode::InPlace) => "rtp-ip",
+        }
+    }
+}
+
+/// The CPU inner backends the reports measure.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum InnerBackend {
+    /// burn-ndarray, with burn-rtp-kernels' native GEMM steps.
+    #[default]
+    Ndarray,
+    /// Flex, Burn 0.21's pure-Rust CPU backend (the gemm crate).
+    Flex,
+}
+
+impl InnerBackend {
+    /// Both, NdArray first.
+    pub const ALL: [InnerBackend; 2] = [InnerBackend::Ndarray, InnerBackend::Flex];
+
+    /// Its name in tables and keys.
+    pub fn name(self) -> &'static str {
+        match self {
+            InnerBackend::Ndarray => "ndarray",
+            InnerBackend::Flex => "flex",
         }
     }
 }

@@ -5,16 +5,18 @@
 //! compute, and the largest model that trains under a real per-process address-space limit
 //! (`prlimit --as`).
 
-use crate::{median, Variant};
+use crate::{median, InnerBackend, Variant};
 use burn::backend::autodiff::checkpoint::strategy::{
     BalancedCheckpointing, CheckpointStrategy, NoCheckpointing,
 };
-use burn::backend::{Autodiff, NdArray};
+use burn::backend::{Autodiff, Flex, NdArray};
 use burn::module::Module;
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::tensor::backend::Backend;
 use burn_rtp::timeline::IntervalKind;
-use burn_rtp::{human_bytes, ActivationCheckpointing, MpiProgress, Rtp, RtpOptimizer};
+use burn_rtp::{
+    human_bytes, ActivationCheckpointing, MpiProgress, RotationKernels, Rtp, RtpOptimizer,
+};
 use burn_rtp_examples::data::{Corpus, Windows};
 use burn_rtp_examples::{Gpt, GptConfig};
 use serde::{Deserialize, Serialize};
@@ -23,8 +25,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
-/// A worker's training backend, with autodiff's checkpointing strategy `C`.
-type B<C> = Autodiff<Rtp<NdArray>, C>;
+/// A worker's training backend over the inner backend `I`, with autodiff's checkpointing
+/// strategy `C`.
+type B<I, C> = Autodiff<Rtp<I>, C>;
 
 /// One job: what a worker process trains and measures.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -51,6 +54,9 @@ pub struct Job {
     /// Whether autodiff recomputes memory-bound activations in the backward pass.
     #[serde(default)]
     pub activation_checkpointing: ActivationCheckpointing,
+    /// The inner backend.
+    #[serde(default)]
+    pub backend: InnerBackend,
 }
 
 /// The file rank `rank` of a job writes its timeline to, for the job's `timeline` stem: a
@@ -109,6 +115,14 @@ struct RankFigures {
 
 /// Runs `job` as this process's rank of an MPI job (inside `mpirun`).
 pub fn worker(job: &Job) -> Result<(), String> {
+    match job.backend {
+        InnerBackend::Ndarray => worker_on::<NdArray>(job),
+        InnerBackend::Flex => worker_on::<Flex>(job),
+    }
+}
+
+/// [`worker`] on the inner backend `I`.
+fn worker_on<I: RotationKernels>(job: &Job) -> Result<(), String> {
     let launched =
         burn_rtp::transport::mpi_launch().ok_or("the MPI worker must be started by mpirun")?;
     let config = job
@@ -116,14 +130,21 @@ pub fn worker(job: &Job) -> Result<(), String> {
         .config(launched.size)
         .with_mpi_progress(job.mpi_progress);
     let corpus = Corpus::load(None, job.model.seq).map_err(|e| e.to_string())?;
-    let results =
-        burn_rtp::launch::<NdArray, _, _>(config, |device| match job.activation_checkpointing {
-            ActivationCheckpointing::None => rank_job::<NoCheckpointing>(job, &corpus, device),
-            ActivationCheckpointing::Balanced => {
-                rank_job::<BalancedCheckpointing>(job, &corpus, device)
-            }
-        })
-        .map_err(|e| e.to_string())?;
+    let results = burn_rtp::try_launch_on::<I, _, std::convert::Infallible, _>(
+        config,
+        |_| Default::default(),
+        |device| {
+            Ok(match job.activation_checkpointing {
+                ActivationCheckpointing::None => {
+                    rank_job::<I, NoCheckpointing>(job, &corpus, device)
+                }
+                ActivationCheckpointing::Balanced => {
+                    rank_job::<I, BalancedCheckpointing>(job, &corpus, device)
+                }
+            })
+        },
+    )
+    .map_err(|e| e.to_string())?;
     if let Some(result) = results.into_iter().flatten().next() {
         std::fs::write(&job.out, serde_json::to_vec(&result).expect("serialisable"))
             .map_err(|e| format!("cannot write {}: {e}", job.out.display()))?;
@@ -131,18 +152,18 @@ pub fn worker(job: &Job) -> Result<(), String> {
     Ok(())
 }
 
-/// One rank's part of `job` on `Autodiff<Rtp<NdArray>, C>`: rank 0 returns what every rank
+/// One rank's part of `job` on `Autodiff<Rtp<I>, C>`: rank 0 returns what every rank
 /// measured.
-fn rank_job<C: CheckpointStrategy>(
+fn rank_job<I: RotationKernels, C: CheckpointStrategy>(
     job: &Job,
     corpus: &Corpus,
-    device: burn_rtp::RtpDevice<NdArray>,
+    device: burn_rtp::RtpDevice<I>,
 ) -> Option<JobResult> {
-    B::<C>::seed(&device, 7);
+    B::<I, C>::seed(&device, 7);
     let (rank, per) = (device.rank(), job.batch_per_rank);
     let baseline = burn_rtp::peak_rss_bytes().unwrap_or(0);
-    let mut model: Gpt<B<C>> = job.model.init::<B<C>>(&device);
-    let mut optim = RtpOptimizer::new(AdamConfig::new().init::<B<C>, Gpt<B<C>>>());
+    let mut model: Gpt<B<I, C>> = job.model.init::<B<I, C>>(&device);
+    let mut optim = RtpOptimizer::new(AdamConfig::new().init::<B<I, C>, Gpt<B<I, C>>>());
     let mut step_s = Vec::new();
     let mut sent_before = device.sent_bytes();
     for step in 0..job.warmup + job.steps {
@@ -153,7 +174,7 @@ fn rank_job<C: CheckpointStrategy>(
         device.barrier();
         let t0 = Instant::now();
         let (x, y) = Windows::train(corpus, 7, step, rank * per..(rank + 1) * per, job.model.seq)
-            .tensors::<B<C>>(&device);
+            .tensors::<B<I, C>>(&device);
         let loss = model.loss(x, y);
         let grads = GradientsParams::from_grads(loss.backward(), &model);
         model = optim.step(1e-3, model, grads);
@@ -381,7 +402,7 @@ fn run_peer(python: &Path, strategy: &str, ranks: usize, job: &Job) -> Result<Jo
 
 /// Runs `job` under `mpirun -np ranks` (optionally under `prlimit --as`); `Ok(None)` when the
 /// job failed, which the capacity search reads as "does not fit".
-fn run_job(
+pub(crate) fn run_job(
     exe: &Path,
     ranks: usize,
     job: &Job,
@@ -536,6 +557,7 @@ pub fn run(
                             ))
                         }),
                         activation_checkpointing: ActivationCheckpointing::None,
+                        backend: InnerBackend::Ndarray,
                     };
                     if let Some(stem) = &job.timeline {
                         // A file left by an earlier run must not pass for this job's.
@@ -683,6 +705,7 @@ pub fn run(
                 mpi_progress: cfg.mpi_progress,
                 timeline: None,
                 activation_checkpointing: ActivationCheckpointing::None,
+                backend: InnerBackend::Ndarray,
             };
             let r = run_job(exe, capacity_n, &job, Some(cfg.capacity_limit_bytes), &[])?;
             log(&format!(
@@ -863,6 +886,7 @@ pub fn activation_cells(
                 mpi_progress: cfg.mpi_progress,
                 timeline: None,
                 activation_checkpointing: ac,
+                backend: InnerBackend::Ndarray,
             };
             let r = run_job(exe, ranks, &job, None, &[])?.expect("failures are errors here");
             let step = median(&r.step_s) * 1e3;
@@ -982,6 +1006,7 @@ pub fn planner_rows(
                 mpi_progress,
                 timeline: None,
                 activation_checkpointing: ActivationCheckpointing::None,
+                backend: InnerBackend::Ndarray,
             };
             // The same job under glibc's default allocator and with its mmap threshold fixed.
             let growth = |env: &[(&str, &str)]| -> Result<(u64, u64), String> {

@@ -7,7 +7,7 @@
 //! each link really carries, since the veth path costs CPU here.
 
 use crate::mpi_report::{job_output, worker_command, Config, Job, JobResult};
-use crate::{median, Variant};
+use crate::{median, InnerBackend, Variant};
 use burn_rtp::{ActivationCheckpointing, MpiProgress};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -460,6 +460,7 @@ pub fn run(
                         mpi_progress: MpiProgress::Auto,
                         timeline: None,
                         activation_checkpointing: ActivationCheckpointing::None,
+                        backend: InnerBackend::Ndarray,
                     };
                     let what = format!(
                         "{} on config {} over {} host(s) at {}",

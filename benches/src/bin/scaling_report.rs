@@ -16,7 +16,8 @@
 //! with `--wgpu-only`, only that section is (re)written.
 //!
 //! NdArray against Flex, config A in-process (single, and DDP and RTP at N = 4): add
-//! `--backends`; with `--backends-only`, only that section is (re)written.
+//! `--backends`; with `--backends-only`, only that section is (re)written. With `--transport
+//! mpi`, the same at N = 4 processes (DDP and RTP) goes into the MPI report.
 
 use burn_rtp::{MpiProgress, TransportKind};
 use burn_rtp_benches::mpi_report::{self, Job, MpiReportConfig};
@@ -122,11 +123,8 @@ struct Cli {
     peer_hidden: usize,
 }
 
-fn main_mpi(cli: &Cli) -> ExitCode {
-    if !cfg!(feature = "mpi") {
-        eprintln!("error: --transport mpi needs `--features mpi` (and Open MPI: apt-get install libopenmpi-dev openmpi-bin libclang-dev)");
-        return ExitCode::FAILURE;
-    }
+/// The MPI report's settings, as the command line asks.
+fn mpi_config(cli: &Cli) -> MpiReportConfig {
     let out = cli.out.clone().unwrap_or_else(default_out);
     let mut cfg = if cli.quick || cli.tiny {
         MpiReportConfig::quick(out)
@@ -142,6 +140,15 @@ fn main_mpi(cli: &Cli) -> ExitCode {
     cfg.mpi_progress = cli.mpi_progress;
     cfg.timelines = cli.timelines;
     cfg.pytorch = cli.pytorch.clone();
+    cfg
+}
+
+fn main_mpi(cli: &Cli) -> ExitCode {
+    if !cfg!(feature = "mpi") {
+        eprintln!("error: --transport mpi needs `--features mpi` (and Open MPI: apt-get install libopenmpi-dev openmpi-bin libclang-dev)");
+        return ExitCode::FAILURE;
+    }
+    let cfg = mpi_config(cli);
     let exe = match std::env::current_exe() {
         Ok(exe) => exe,
         Err(e) => {
@@ -408,14 +415,32 @@ fn main() -> ExitCode {
     status
 }
 
-/// Adds the inner backends' figures to the report in `out`.
+/// Adds the inner backends' figures to the report in `out`: in-process, or with
+/// `--transport mpi` each cell as its own `mpirun` job.
 fn add_backends(cli: &Cli, out: &Path) -> ExitCode {
+    let log = |m: &str| eprintln!("{m}");
+    if cli.transport == TransportKind::Mpi {
+        let exe = match std::env::current_exe() {
+            Ok(exe) => exe,
+            Err(e) => {
+                eprintln!("error: cannot find this program to start under mpirun: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        let cfg = mpi_config(cli);
+        let repeats = cli
+            .repeats
+            .unwrap_or(if cli.quick || cli.tiny { 1 } else { 3 });
+        return section_status(
+            "inner backends under MPI, config A at N = 4",
+            burn_rtp_benches::mpi_backends::add_to_report(&cfg, &exe, repeats.max(1), &log),
+        );
+    }
     let (repeats, steps) = if cli.quick || cli.tiny {
         (2, 1)
     } else {
         (5, 3)
     };
-    let log = |m: &str| eprintln!("{m}");
     section_status(
         "inner backends, config A",
         burn_rtp_benches::backend_figures::add_to_report(out, repeats, steps, &log),
