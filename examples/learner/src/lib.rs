@@ -34,21 +34,29 @@ use burn::train::renderer::{
 };
 use burn::train::{ExecutionStrategy, Learner, SupervisedTraining};
 use burn_rtp::checkpoint::RankRecorder;
-use burn_rtp::{Rtp, RtpConfig, RtpDevice, RtpOptimizer};
+use burn_rtp::{RotationKernels, Rtp, RtpConfig, RtpDevice, RtpOptimizer};
 use burn_rtp_examples::data::{Corpus, Windows};
 use burn_rtp_examples::learner_steps::{GptBatch, LearnerBackend};
 use burn_rtp_examples::model::{Gpt, GptConfig};
 use std::collections::HashMap;
+use std::marker::PhantomData;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-/// The inner backend of the Learner example (CPU).
-type I = burn::backend::NdArray;
+/// The CPU inner backend every rank of a Learner run computes on.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum InnerBackend {
+    /// burn-ndarray, with burn-rtp-kernels' native GEMM steps.
+    #[default]
+    Ndarray,
+    /// Flex, Burn 0.21's pure-Rust CPU backend.
+    Flex,
+}
 
 /// Builds this rank's slice of a step's global batch (training) or of a validation batch.
 #[derive(Clone)]
-struct SliceBatcher {
+struct SliceBatcher<I> {
     corpus: Arc<Corpus>,
     seed: u64,
     batch: usize,
@@ -59,9 +67,15 @@ struct SliceBatcher {
     /// training batch belongs to is counted here (batches are built in order, on the rank's
     /// thread).
     next_step: Arc<AtomicUsize>,
+    /// The inner backend, whose rank devices the batches are built on.
+    inner: PhantomData<fn() -> I>,
 }
 
-impl<B: Backend<Device = RtpDevice<I>>> Batcher<B, usize, GptBatch<B>> for SliceBatcher {
+impl<I, B> Batcher<B, usize, GptBatch<B>> for SliceBatcher<I>
+where
+    I: RotationKernels,
+    B: Backend<Device = RtpDevice<I>>,
+{
     fn batch(&self, items: Vec<usize>, device: &RtpDevice<I>) -> GptBatch<B> {
         let [index] = items[..] else {
             panic!("rank {}: one step per batch, got {items:?}", device.rank());
@@ -114,6 +128,8 @@ pub struct LearnerConfig {
     pub resume_epoch: Option<usize>,
     /// Whether rank 0 prints its progress.
     pub verbose: bool,
+    /// The inner backend of every rank.
+    pub backend: InnerBackend,
 }
 
 /// What the Learners did: per-step and per-epoch global losses, as the metrics saw them.
@@ -147,6 +163,14 @@ pub enum LearnerError {
 
 /// Trains under `cfg` with one Learner per rank and returns rank 0's record of the losses.
 pub fn train_with_learner(cfg: &LearnerConfig) -> Result<LearnerOutcome, LearnerError> {
+    match cfg.backend {
+        InnerBackend::Ndarray => train_on::<burn::backend::NdArray>(cfg),
+        InnerBackend::Flex => train_on::<burn::backend::Flex>(cfg),
+    }
+}
+
+/// [`train_with_learner`] on the inner backend `I`.
+fn train_on<I: RotationKernels>(cfg: &LearnerConfig) -> Result<LearnerOutcome, LearnerError> {
     let corpus = Arc::new(
         Corpus::load(None, cfg.model.seq).map_err(|e| LearnerError::Corpus(e.to_string()))?,
     );
@@ -164,7 +188,7 @@ pub fn train_with_learner(cfg: &LearnerConfig) -> Result<LearnerOutcome, Learner
     }
     let first_step = cfg.resume_epoch.unwrap_or(0) * cfg.steps_per_epoch;
     let outcomes = burn_rtp::launch(world, |device: RtpDevice<I>| {
-        LearnerBackend::seed(&device, cfg.seed);
+        LearnerBackend::<I>::seed(&device, cfg.seed);
         let batcher = |val_batches| SliceBatcher {
             corpus: corpus.clone(),
             seed: cfg.seed,
@@ -172,9 +196,10 @@ pub fn train_with_learner(cfg: &LearnerConfig) -> Result<LearnerOutcome, Learner
             seq: cfg.model.seq,
             val_batches,
             next_step: Arc::new(AtomicUsize::new(first_step)),
+            inner: PhantomData,
         };
         // Each epoch walks `steps_per_epoch` items; the batcher numbers the steps.
-        let train = DataLoaderBuilder::<LearnerBackend, _, _>::new(batcher(None))
+        let train = DataLoaderBuilder::<LearnerBackend<I>, _, _>::new(batcher(None))
             .batch_size(1)
             .set_device(device.clone())
             .build(InMemDataset::new(
@@ -218,9 +243,10 @@ pub fn train_with_learner(cfg: &LearnerConfig) -> Result<LearnerOutcome, Learner
         if let Some(epoch) = cfg.resume_epoch {
             training = training.checkpoint(epoch);
         }
-        let model = cfg.model.init::<LearnerBackend>(&device);
-        let optim =
-            RtpOptimizer::new(AdamConfig::new().init::<LearnerBackend, Gpt<LearnerBackend>>());
+        let model = cfg.model.init::<LearnerBackend<I>>(&device);
+        let optim = RtpOptimizer::new(
+            AdamConfig::new().init::<LearnerBackend<I>, Gpt<LearnerBackend<I>>>(),
+        );
         let _result = training.launch(Learner::new(model, optim, cfg.lr));
         let seen = record.lock().unwrap();
         // The renderer sees one value per validation batch; an epoch's loss is their mean

@@ -4,7 +4,7 @@
 //! `cargo run --release -p burn-rtp-learner -- --ranks 4 --epochs 2 --steps-per-epoch 50`
 
 use burn_rtp_examples::GptConfig;
-use burn_rtp_learner::{train_with_learner, LearnerConfig};
+use burn_rtp_learner::{train_with_learner, InnerBackend, LearnerConfig};
 use clap::Parser;
 use std::process::ExitCode;
 
@@ -39,6 +39,9 @@ struct Cli {
     /// wrote it); training continues with the next epoch.
     #[arg(long, value_name = "EPOCH")]
     resume: Option<usize>,
+    /// Inner backend of every rank: ndarray or flex.
+    #[arg(long, default_value = "ndarray", value_parser = ["ndarray", "flex"])]
+    backend: String,
 }
 
 fn main() -> ExitCode {
@@ -64,6 +67,11 @@ fn main() -> ExitCode {
         checkpoints: cli.checkpoints,
         resume_epoch: cli.resume,
         verbose: true,
+        backend: if cli.backend == "flex" {
+            InnerBackend::Flex
+        } else {
+            InnerBackend::Ndarray
+        },
     };
     match train_with_learner(&cfg) {
         Ok(outcome) => {

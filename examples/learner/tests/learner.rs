@@ -1,22 +1,27 @@
 //! burn-train's Learner, one per rank with `RtpOptimizer`, trains exactly as the hand-written
-//! loop does: the same global loss at every step, at N = 2 and 3.
+//! loop does: the same global loss at every step, at N = 2 and 3, on NdArray and on Flex.
 
 #[path = "../../tests/common.rs"]
 mod common;
 
-use burn::backend::NdArray;
+use burn::backend::{Flex, NdArray};
 use burn_rtp::checkpoint::{step_dir, Checkpoint};
 use burn_rtp_examples::{train, Strategy};
-use burn_rtp_learner::{checkpoint_root, train_with_learner, LearnerConfig, LearnerError};
+use burn_rtp_learner::{
+    checkpoint_root, train_with_learner, InnerBackend, LearnerConfig, LearnerError,
+};
 use common::*;
 
-fn learner_equals_loop(ranks: usize) {
+fn learner_equals_loop(ranks: usize, backend: InnerBackend) {
     let steps = 20;
     let loop_cfg = tiny(Strategy::Rtp, ranks, steps);
-    let by_loop = train::<NdArray>(&loop_cfg, |_| Default::default(), None)
-        .unwrap()
-        .report
-        .losses;
+    let by_loop = match backend {
+        InnerBackend::Ndarray => train::<NdArray>(&loop_cfg, |_| Default::default(), None),
+        InnerBackend::Flex => train::<Flex>(&loop_cfg, |_| Default::default(), None),
+    }
+    .unwrap()
+    .report
+    .losses;
     let dir = temp_dir(&format!("learner-{ranks}"));
     let learner_cfg = LearnerConfig {
         model: loop_cfg.model.clone(),
@@ -32,6 +37,7 @@ fn learner_equals_loop(ranks: usize) {
         checkpoints: false,
         resume_epoch: None,
         verbose: false,
+        backend,
     };
     let by_learner = train_with_learner(&learner_cfg).unwrap();
     assert_eq!(by_learner.train_losses.len(), steps, "{by_learner:?}");
@@ -49,12 +55,17 @@ fn learner_equals_loop(ranks: usize) {
 
 #[test]
 fn the_learner_equals_the_hand_written_loop_at_2_ranks() {
-    learner_equals_loop(2);
+    learner_equals_loop(2, InnerBackend::Ndarray);
+}
+
+#[test]
+fn the_learner_equals_the_hand_written_loop_on_flex() {
+    learner_equals_loop(2, InnerBackend::Flex);
 }
 
 #[test]
 fn the_learner_equals_the_hand_written_loop_at_3_ranks() {
-    learner_equals_loop(3);
+    learner_equals_loop(3, InnerBackend::Ndarray);
 }
 
 /// The Learner's own checkpoints are sharded burn-rtp checkpoints, and resuming through the
@@ -80,6 +91,7 @@ fn the_learner_checkpoints_shards_and_resumes_bit_exactly() {
         checkpoints: true,
         resume_epoch: None,
         verbose: false,
+        backend: InnerBackend::Ndarray,
     };
     let straight = train_with_learner(&cfg).unwrap();
     assert_eq!(straight.train_losses.len(), 3 * spe);
