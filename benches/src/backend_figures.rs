@@ -121,15 +121,14 @@ pub fn measure(
     );
     out.insert("steps_per_sample".into(), json!(steps));
     out.insert("samples".into(), json!(repeats));
-    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    let threads = |ranks| burn_rtp::RtpConfig::new(ranks).threads_per_rank_here();
     out.insert(
         "threads".into(),
         json!(format!(
-            "each rank computes in a rayon pool of the host's {cores} cores divided by the \
-             ranks ({} thread(s) at N = 1, {} at N = 4), which both backends' parallel \
-             kernels use",
-            cores.max(1),
-            (cores / 4).max(1)
+            "each rank computes in a rayon pool of the host's cores divided by the ranks ({} \
+             thread(s) at N = 1, {} at N = 4), which both backends' parallel kernels use",
+            threads(1),
+            threads(4)
         )),
     );
     out.insert("cells".into(), Value::Array(rows));

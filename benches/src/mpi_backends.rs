@@ -107,7 +107,10 @@ pub fn measure(
         json!(format!(
             "each process computes in a pool of {} thread(s): the host's cores divided by its \
              ranks",
-            (std::thread::available_parallelism().map_or(1, |c| c.get()) / RANKS).max(1)
+            // All ranks on this host: the rule `RtpConfig` applies under mpirun too.
+            burn_rtp::RtpConfig::new(RANKS)
+                .with_transport(burn_rtp::TransportKind::InProcess)
+                .threads_per_rank_here()
         )),
     );
     out.insert("cells".into(), Value::Array(rows));

@@ -12,25 +12,16 @@ pub(super) fn last_index(t: &RtpTensor<impl Backend>) -> usize {
     t.shape().num_dims() - 1
 }
 
-/// Reduction along `dim`: shard-local unless `dim` is the sharded one, which is all-reduced.
+/// Sum or mean along `dim`: shard-local unless `dim` is the sharded one, where the shards'
+/// partial sums are all-reduced (no gather); otherwise as [`reduce_dim_with`].
 pub(super) fn reduce_dim<B: Backend>(
     t: RtpTensor<B>,
     dim: usize,
     op: &'static str,
     mean: bool,
 ) -> RtpTensor<B> {
-    let mut full = t.shape();
-    full[dim] = 1;
     match t.layout.clone() {
-        Layout::Sharded(spec) if dim != last_index(&t) => {
-            let inner = if mean {
-                B::float_mean_dim(t.inner.clone(), dim)
-            } else {
-                B::float_sum_dim(t.inner.clone(), dim)
-            };
-            t.derive(inner, Layout::Sharded(spec.with_full(full)))
-        }
-        Layout::Sharded(spec) => {
+        Layout::Sharded(spec) if dim == last_index(&t) => {
             let ctx = t.ctx.clone();
             let partial = B::float_sum_dim(t.inner.clone(), dim);
             let mut summed = all_reduce_sum(&ctx.comm, op, partial);
@@ -39,14 +30,13 @@ pub(super) fn reduce_dim<B: Backend>(
             }
             RtpTensor::new(ctx, summed, Layout::Local)
         }
-        layout => {
-            let inner = if mean {
-                B::float_mean_dim(t.inner.clone(), dim)
+        _ => reduce_dim_with(t, dim, op, |x| {
+            if mean {
+                B::float_mean_dim(x, dim)
             } else {
-                B::float_sum_dim(t.inner.clone(), dim)
-            };
-            t.derive(inner, layout)
-        }
+                B::float_sum_dim(x, dim)
+            }
+        }),
     }
 }
 
