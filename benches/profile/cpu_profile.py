@@ -133,6 +133,7 @@ def main():
         "~/.cache/burn-rtp-target/release/scaling-report"))
     p.add_argument("--python", default=sys.executable)
     p.add_argument("--out", help="also write the result as JSON to this file")
+    p.add_argument("--label", help="when it was measured, shown beside the runner in tables")
     args = p.parse_args()
     if args.steps < 2:
         p.error("--steps must be at least 2")
@@ -153,6 +154,8 @@ def main():
         "progress": result.get("progress", [""])[0],
         "shares": {k: v / cpu_ms_per_step for k, v in per_step.items()},
     }
+    if args.label:
+        out["label"] = args.label
     if args.out:
         with open(args.out, "w") as f:
             json.dump(out, f, indent=1)

@@ -399,6 +399,9 @@ pub struct CpuProfile {
     pub cpu_ms_per_step: f64,
     /// What rank 0's CPU did, by category, as shares of its samples, in the script's order.
     pub shares: serde_json::Map<String, Value>,
+    /// When it was measured, for tables that set two runs side by side (`--label`).
+    #[serde(default)]
+    pub label: Option<String>,
 }
 
 impl CpuProfile {
@@ -427,10 +430,13 @@ pub fn profile_block(profiles: &[CpuProfile]) -> String {
     let mut md = String::from("| what rank 0's CPU did |");
     for p in profiles {
         md += &format!(
-            " {}, {}, N={} |",
+            " {}, {}, N={}{} |",
             p.runner,
             p.config.to_uppercase(),
-            p.ranks
+            p.ranks,
+            p.label
+                .as_ref()
+                .map_or(String::new(), |l| format!(" ({l})"))
         );
     }
     md += "\n|---|";

@@ -8,6 +8,7 @@ pub mod checkpointing;
 pub mod figures;
 pub mod mpi_backends;
 pub mod mpi_report;
+pub mod mpi_speed;
 pub mod net_report;
 pub mod peer_mlp;
 pub mod planner_check;
@@ -222,7 +223,9 @@ fn rank_loop<I: RotationKernels, C: CheckpointStrategy>(
     let per = case.batch / world;
     let rank = device.rank();
     let mut model: Gpt<Dist<I, C>> = case.model.init::<Dist<I, C>>(&device);
-    let mut optim = RtpOptimizer::new(AdamConfig::new().init::<Dist<I, C>, Gpt<Dist<I, C>>>());
+    let mut optim = RtpOptimizer::<
+        burn::optim::adaptor::OptimizerAdaptor<burn_rtp::FusedAdam, Gpt<Dist<I, C>>, Dist<I, C>>,
+    >::adam(&AdamConfig::new());
     let mut step = 0;
     let mut state_with_grads = 0;
     let _ = replies.send(Reply::Ready(model.num_params()));

@@ -57,6 +57,8 @@ pub fn measure(
                 timeline: None,
                 activation_checkpointing: ActivationCheckpointing::None,
                 backend: *backend,
+                threads: None,
+                fused_activations: true,
             };
             let r = run_job(exe, RANKS, &job, None, &[])?.ok_or("a job failed")?;
             let step = median(&r.step_s) * 1e3;

@@ -57,6 +57,13 @@ pub struct Job {
     /// The inner backend.
     #[serde(default)]
     pub backend: InnerBackend,
+    /// Compute threads per process (`None`: the host's cores divided by its ranks).
+    #[serde(default)]
+    pub threads: Option<usize>,
+    /// Whether GELU runs burn-rtp-kernels' one-pass steps
+    /// ([`burn_rtp::RtpConfig::with_fused_activations`]).
+    #[serde(default = "crate::yes")]
+    pub fused_activations: bool,
 }
 
 /// The file rank `rank` of a job writes its timeline to, for the job's `timeline` stem: a
@@ -99,6 +106,10 @@ pub struct JobResult {
     /// intervals), in seconds: the time a rotating shard's transfer can hide under.
     #[serde(default)]
     pub rotation_compute_s_per_step: Vec<f64>,
+    /// Each process's minor page faults per timed step ([`burn_rtp::minor_page_faults`]):
+    /// fresh pages the steady state maps.
+    #[serde(default)]
+    pub minor_faults_per_step: Vec<f64>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -111,6 +122,7 @@ struct RankFigures {
     progress: String,
     sent_per_step: f64,
     compute_per_step: f64,
+    faults_per_step: f64,
 }
 
 /// Runs `job` as this process's rank of an MPI job (inside `mpirun`).
@@ -125,10 +137,14 @@ pub fn worker(job: &Job) -> Result<(), String> {
 fn worker_on<I: RotationKernels>(job: &Job) -> Result<(), String> {
     let launched =
         burn_rtp::transport::mpi_launch().ok_or("the MPI worker must be started by mpirun")?;
-    let config = job
+    let mut config = job
         .variant
         .config(launched.size)
         .with_mpi_progress(job.mpi_progress);
+    if let Some(threads) = job.threads {
+        config = config.with_threads_per_rank(threads);
+    }
+    config = config.with_fused_activations(job.fused_activations);
     let corpus = Corpus::load(None, job.model.seq).map_err(|e| e.to_string())?;
     let results = burn_rtp::try_launch_on::<I, _, std::convert::Infallible, _>(
         config,
@@ -163,13 +179,17 @@ fn rank_job<I: RotationKernels, C: CheckpointStrategy>(
     let (rank, per) = (device.rank(), job.batch_per_rank);
     let baseline = burn_rtp::peak_rss_bytes().unwrap_or(0);
     let mut model: Gpt<B<I, C>> = job.model.init::<B<I, C>>(&device);
-    let mut optim = RtpOptimizer::new(AdamConfig::new().init::<B<I, C>, Gpt<B<I, C>>>());
+    let mut optim = RtpOptimizer::<
+        burn::optim::adaptor::OptimizerAdaptor<burn_rtp::FusedAdam, Gpt<B<I, C>>, B<I, C>>,
+    >::adam(&AdamConfig::new());
     let mut step_s = Vec::new();
     let mut sent_before = device.sent_bytes();
+    let mut faults_before = burn_rtp::minor_page_faults().unwrap_or(0);
     for step in 0..job.warmup + job.steps {
         if step == job.warmup {
             device.record_timeline(true);
             sent_before = device.sent_bytes();
+            faults_before = burn_rtp::minor_page_faults().unwrap_or(0);
         }
         // The batch is built before the clock starts, as the PyTorch peer builds its own.
         let (x, y) = Windows::train(corpus, 7, step, rank * per..(rank + 1) * per, job.model.seq)
@@ -186,6 +206,7 @@ fn rank_job<I: RotationKernels, C: CheckpointStrategy>(
         }
     }
     let sent = device.sent_bytes() - sent_before;
+    let faults = burn_rtp::minor_page_faults().unwrap_or(0) - faults_before;
     let timeline = device.take_timeline();
     device.record_timeline(false);
     if let Some(stem) = &job.timeline {
@@ -212,6 +233,7 @@ fn rank_job<I: RotationKernels, C: CheckpointStrategy>(
             .map(|i| i.end - i.start)
             .sum::<f64>()
             / job.steps.max(1) as f64,
+        faults_per_step: faults as f64 / job.steps.max(1) as f64,
     };
     let all = device.all_gather_json(&own);
     (rank == 0).then(|| JobResult {
@@ -224,6 +246,7 @@ fn rank_job<I: RotationKernels, C: CheckpointStrategy>(
         wire_in_waits: all.iter().map(|f| f.in_waits).collect(),
         sent_bytes_per_step: all.iter().map(|f| f.sent_per_step).collect(),
         rotation_compute_s_per_step: all.iter().map(|f| f.compute_per_step).collect(),
+        minor_faults_per_step: all.iter().map(|f| f.faults_per_step).collect(),
         progress: all.into_iter().map(|f| f.progress).collect(),
     })
 }
@@ -345,19 +368,21 @@ const STRATEGIES: [Variant; 4] = [
 
 /// What a cell's job runs: one of our strategies, or the PyTorch peer's.
 #[derive(Debug, Clone, Copy, PartialEq)]
-enum Runner {
+pub(crate) enum Runner {
     /// Our strategy, in this process's binary.
     Ours(Variant),
-    /// PyTorch's DDP (`ddp`) or FSDP2 (`fsdp`), in the peer script.
+    /// PyTorch's DDP (`ddp`), FSDP2 (`fsdp`) or unwrapped model (`single`), in the peer
+    /// script.
     PyTorch(&'static str),
 }
 
 impl Runner {
     /// Its name in cells and keys.
-    fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Runner::Ours(v) => v.name(),
             Runner::PyTorch("ddp") => "pytorch-ddp",
+            Runner::PyTorch("single") => "pytorch-single",
             Runner::PyTorch(_) => "pytorch-fsdp",
         }
     }
@@ -370,7 +395,12 @@ pub fn pytorch_peer_script() -> PathBuf {
 
 /// Runs `job` as PyTorch's `strategy` (`ddp` or `fsdp`) under `mpirun -np ranks`, with
 /// `python` running the peer script; gloo finds its peers through a free local port.
-fn run_peer(python: &Path, strategy: &str, ranks: usize, job: &Job) -> Result<JobResult, String> {
+pub(crate) fn run_peer(
+    python: &Path,
+    strategy: &str,
+    ranks: usize,
+    job: &Job,
+) -> Result<JobResult, String> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map_err(|e| format!("no free local port for gloo: {e}"))?
@@ -392,9 +422,12 @@ fn run_peer(python: &Path, strategy: &str, ranks: usize, job: &Job) -> Result<Jo
         // (`RtpConfig::threads_per_rank_here`) is the cores divided by the ranks.
         .arg("--threads")
         .arg(
-            burn_rtp::RtpConfig::new(ranks)
-                .with_transport(burn_rtp::TransportKind::InProcess)
-                .threads_per_rank_here()
+            job.threads
+                .unwrap_or_else(|| {
+                    burn_rtp::RtpConfig::new(ranks)
+                        .with_transport(burn_rtp::TransportKind::InProcess)
+                        .threads_per_rank_here()
+                })
                 .to_string(),
         );
     let what = format!("PyTorch {strategy} at -np {ranks}");
@@ -559,6 +592,8 @@ pub fn run(
                         }),
                         activation_checkpointing: ActivationCheckpointing::None,
                         backend: InnerBackend::Ndarray,
+                        threads: None,
+                        fused_activations: true,
                     };
                     if let Some(stem) = &job.timeline {
                         // A file left by an earlier run must not pass for this job's.
@@ -707,6 +742,8 @@ pub fn run(
                 timeline: None,
                 activation_checkpointing: ActivationCheckpointing::None,
                 backend: InnerBackend::Ndarray,
+                threads: None,
+                fused_activations: true,
             };
             let r = run_job(exe, capacity_n, &job, Some(cfg.capacity_limit_bytes), &[])?;
             log(&format!(
@@ -888,6 +925,8 @@ pub fn activation_cells(
                 timeline: None,
                 activation_checkpointing: ac,
                 backend: InnerBackend::Ndarray,
+                threads: None,
+                fused_activations: true,
             };
             let r = run_job(exe, ranks, &job, None, &[])?.expect("failures are errors here");
             let step = median(&r.step_s) * 1e3;
@@ -1008,6 +1047,8 @@ pub fn planner_rows(
                 timeline: None,
                 activation_checkpointing: ActivationCheckpointing::None,
                 backend: InnerBackend::Ndarray,
+                threads: None,
+                fused_activations: true,
             };
             // The same job under glibc's default allocator and with its mmap threshold fixed.
             let growth = |env: &[(&str, &str)]| -> Result<(u64, u64), String> {

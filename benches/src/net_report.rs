@@ -195,7 +195,7 @@ pub fn probe_worker(probe: &Probe) -> Result<(), String> {
     use std::sync::Arc;
     use std::time::{Duration, Instant};
 
-    let transport = MpiTransport::start(Duration::from_secs(120), MpiProgress::Auto, false)
+    let transport = MpiTransport::start(Duration::from_secs(120), MpiProgress::Auto, false, false)
         .map_err(|e| e.to_string())?;
     let ep = MpiEndpoint(Arc::new(transport));
     let t: &dyn Transport<()> = &ep;
@@ -461,6 +461,8 @@ pub fn run(
                         timeline: None,
                         activation_checkpointing: ActivationCheckpointing::None,
                         backend: InnerBackend::Ndarray,
+                        threads: None,
+                        fused_activations: true,
                     };
                     let what = format!(
                         "{} on config {} over {} host(s) at {}",

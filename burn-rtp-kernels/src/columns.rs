@@ -92,11 +92,24 @@ pub fn column_slice<B: Backend>(t: Float<B>, start: usize, len: usize) -> Float<
 /// An uninitialised output shaped like `block` but with `columns` columns, on its device and
 /// of its element type: every window is written before it is read.
 pub fn output_for_columns<B: Backend>(block: &Float<B>, columns: usize) -> Float<B> {
+    B::float_empty(
+        output_shape::<B>(block, columns),
+        &B::float_device(block),
+        dtype_of::<B>(block),
+    )
+}
+
+/// The shape of `block` with `columns` columns.
+pub(crate) fn output_shape<B: Backend>(block: &Float<B>, columns: usize) -> Shape {
     let mut dims = block.shape().to_vec();
     let last = dims.len() - 1;
     dims[last] = columns;
-    let dtype = FloatDType::from(block.dtype());
-    B::float_empty(Shape::from(dims), &B::float_device(block), dtype)
+    Shape::from(dims)
+}
+
+/// The float dtype of `block`.
+pub(crate) fn dtype_of<B: Backend>(block: &Float<B>) -> FloatDType {
+    FloatDType::from(block.dtype())
 }
 
 /// Writes `block` into the columns `[start, start + block columns)` of `out` and returns

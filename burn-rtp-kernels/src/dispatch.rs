@@ -79,6 +79,54 @@ impl std::fmt::Display for KernelPath {
 /// backends beside their kernels (`kernel/cube.rs`). Any other backend joins with an empty
 /// `impl RotationKernels for MyBackend {}`, which runs the generic compositions.
 pub trait RotationKernels: Backend {
+    /// A tensor of `shape` with every element `value`. Burn's default fills a `TensorData`
+    /// element by element and then builds the tensor from it; NdArray fills its array in one
+    /// pass. The decorator creates its zeros, ones, fills and outputs through it.
+    fn filled(
+        shape: burn::tensor::Shape,
+        value: f32,
+        device: &burn::tensor::Device<Self>,
+        dtype: burn::tensor::FloatDType,
+    ) -> Float<Self> {
+        Self::float_full(shape, value.into(), device, dtype)
+    }
+
+    /// `lhs · rhs` (batched), as `Self`'s own `float_matmul` computes it, without copying
+    /// strided operands where this crate has a kernel for `Self` (NdArray; see
+    /// `kernel/matmul`). The decorator calls it for every matmul.
+    fn fused_matmul(lhs: Float<Self>, rhs: Float<Self>) -> Float<Self> {
+        Self::float_matmul(lhs, rhs)
+    }
+
+    /// One Adam step over a shard: `(param, moment 1, moment 2)` after `step`, from the
+    /// parameter, its gradient and the moments (`None` on the first step), in one pass where
+    /// this crate has a kernel for `Self` (NdArray; see `kernel/adam`), bit for bit as
+    /// burn-optim's `Adam`. Elsewhere the operands come back and the caller runs Burn's Adam.
+    #[allow(clippy::type_complexity)]
+    fn fused_adam(
+        param: Float<Self>,
+        grad: Float<Self>,
+        moments: Option<(Float<Self>, Float<Self>)>,
+        step: &crate::AdamStep,
+    ) -> Result<[Float<Self>; 3], (Float<Self>, Float<Self>, Option<(Float<Self>, Float<Self>)>)>
+    {
+        let _ = step;
+        Err((param, grad, moments))
+    }
+
+    /// GELU, as `Self`'s own `ActivationOps::gelu` computes it, in one pass where this crate
+    /// has a kernel for `Self` (NdArray; see `kernel/gelu`). The decorator calls it for
+    /// every GELU unless `RtpConfig::with_fused_activations(false)`.
+    fn fused_gelu(x: Float<Self>) -> Float<Self> {
+        <Self as burn::tensor::ops::ActivationOps<Self>>::gelu(x)
+    }
+
+    /// GELU's backward, `grad · gelu'(x)`, as `Self`'s own `ActivationOps::gelu_backward`
+    /// computes it, in one pass where this crate has a kernel for `Self`.
+    fn fused_gelu_backward(x: Float<Self>, grad: Float<Self>) -> Float<Self> {
+        <Self as burn::tensor::ops::ActivationOps<Self>>::gelu_backward(x, grad)
+    }
+
     /// The implementation this backend's steps take.
     fn kernel_path() -> KernelPath {
         KernelPath::Generic

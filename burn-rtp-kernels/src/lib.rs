@@ -8,6 +8,12 @@
 //! [`RotationKernels`], in [`dispatch`]; its steps take a [`Checked`] that only the checked
 //! entry points make, so safe code cannot launch a kernel on operands nobody checked.
 //!
+//! The same trait carries the steps burn-rtp's decorator takes over where the inner backend
+//! is slow: GELU and its derivative in one pass (`kernel/gelu`), batched matmul on strided
+//! views (`kernel/matmul`), one Adam step per shard in one pass (`kernel/adam`, with
+//! [`AdamStep`]) and fills (`kernel/fill`). Each defaults to Burn's own op; NdArray has the
+//! kernels, and each states its bound against Burn's op (equal bits, except GELU's few ulps).
+//!
 //! This crate is burn-rtp's compute layer; most users reach it only through `burn-rtp`.
 //!
 //! # Feature flags
@@ -28,6 +34,7 @@
 //!   launched afterwards in the process.
 #![warn(missing_docs)]
 
+mod adam_step;
 pub mod columns;
 pub mod dispatch;
 pub mod generic;
@@ -40,6 +47,7 @@ pub type Float<B> = <B as burn::tensor::backend::BackendTypes>::FloatTensorPrimi
 /// The inner backend's int tensor (embedding indices).
 pub type Int<B> = <B as burn::tensor::backend::BackendTypes>::IntTensorPrimitive;
 
+pub use adam_step::AdamStep;
 pub use columns::{
     assemble_columns, column_slice, output_for_columns, write_columns, ColumnError, Window,
 };

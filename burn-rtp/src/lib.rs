@@ -105,6 +105,10 @@
 //!   received buffers are not faulted in again after each trim of a second arena. The
 //!   application that embeds the crate then allocates from one arena too;
 //!   `RtpConfig::with_one_malloc_arena(false)` leaves the allocator alone.
+//! * **glibc's mmap and trim thresholds, under MPI only.** The MPI transport also raises them
+//!   (32 MiB and 1 GiB) unless the environment sets them, so that each step reuses the pages
+//!   the previous one freed instead of faulting fresh ones in;
+//!   `RtpConfig::with_keep_freed_pages(false)` leaves them alone.
 //! * **The fused-kernel switch.** [`set_fused_kernels`] chooses, for every rank of the process,
 //!   between the crate's own rotation kernels and the compositions of Burn ops they replace.
 //! * **The GEMM tiling override** (`burn_rtp_kernels::set_gemm_tiling`, cube backends only)
@@ -142,10 +146,12 @@ pub use config::{
     Strategy, TransportKind, DEFAULT_DDP_BUCKET_BYTES, DEFAULT_SHARD_THRESHOLD,
 };
 pub use error::{RtpError, RtpResult};
+pub use runtime::adam::FusedAdam;
 pub use runtime::launch::{launch, try_launch, try_launch_on};
 pub use runtime::optim::{sync_gradients, GradNorm, RtpOptimizer};
 pub use state::accounting::{
-    human_bytes, parse_bytes, peak_rss_bytes, Category, Charge, Ledger, MemoryStats, Phase,
+    human_bytes, minor_page_faults, parse_bytes, peak_rss_bytes, Category, Charge, Ledger,
+    MemoryStats, Phase,
 };
 pub use state::shard_io::ShardMap;
 pub use state::sharding::Layout;

@@ -48,6 +48,7 @@ const LAYERS: &[&[&str]] = &[
     &["backend::ops"],
     // runtime/: the optimizer wrapper; starting worlds.
     &["runtime::optim"],
+    &["runtime::adam"],
     &["runtime::launch"],
     // tools/: the planner, consolidation, checkpoints, the placement report.
     &[
@@ -63,8 +64,9 @@ const FOLDERS: &[&str] = &["state", "comm", "backend", "runtime", "tools"];
 
 /// burn-rtp-kernels' layers, lowest first.
 const KERNEL_LAYERS: &[&[&str]] = &[
-    // The process-wide switch and launch counters; column windows; a packed input.
-    &["switches", "columns", "packing"],
+    // The process-wide switch and launch counters; column windows; a packed input; Adam's
+    // scalars.
+    &["switches", "columns", "packing", "adam_step"],
     // The compositions of Burn ops every backend can run.
     &["generic"],
     // The interface a backend implements, and the proof of checked operands.

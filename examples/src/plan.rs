@@ -42,7 +42,11 @@ where
     B: AutodiffBackend<Device = RtpDevice<I>, InnerBackend = Rtp<I>>,
 {
     let mut gpt: Gpt<B> = model.init(device);
-    let mut optim = RtpOptimizer::new(AdamConfig::new().init::<B, Gpt<B>>());
+    // The trainer's optimizer (Burn's Adam, one pass per parameter), so the probe allocates
+    // what a training step allocates.
+    let mut optim = RtpOptimizer::<
+        burn::optim::adaptor::OptimizerAdaptor<burn_rtp::FusedAdam, Gpt<B>, B>,
+    >::adam(&AdamConfig::new());
     for step in 0..2 {
         let (x, y) = Windows::train(corpus, 42, step, 0..batch, model.seq).tensors::<B>(device);
         let loss = gpt.loss(x, y);

@@ -407,9 +407,10 @@ fn median(values: &[f64]) -> f64 {
     v[v.len() / 2]
 }
 
-/// The optimizer every rank runs: Burn's Adam behind [`RtpOptimizer`].
+/// The optimizer every rank runs: Burn's Adam, each parameter's step in one pass
+/// ([`burn_rtp::FusedAdam`], whose records are Burn's Adam's), behind [`RtpOptimizer`].
 type Optim<I, C> = RtpOptimizer<
-    burn::optim::adaptor::OptimizerAdaptor<burn::optim::Adam, Gpt<Ad<I, C>>, Ad<I, C>>,
+    burn::optim::adaptor::OptimizerAdaptor<burn_rtp::FusedAdam, Gpt<Ad<I, C>>, Ad<I, C>>,
 >;
 
 /// What a rank trains from: the model, its optimizer and the learning-rate schedule.
@@ -534,7 +535,7 @@ impl RankJob<'_> {
         Ad::<I, C>::seed(device, cfg.seed);
         device.reset_memory_peak();
         let mut model = cfg.model.init::<Ad<I, C>>(device);
-        let mut optim = RtpOptimizer::new(AdamConfig::new().init::<Ad<I, C>, Gpt<Ad<I, C>>>());
+        let mut optim: Optim<I, C> = RtpOptimizer::adam(&AdamConfig::new());
         if let Some(max) = cfg.clip_grad_norm {
             optim = optim.with_clip_grad_norm(max);
         }

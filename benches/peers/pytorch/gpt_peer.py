@@ -3,7 +3,10 @@
 
 Launched once per rank (by `mpirun`, or `torchrun`):
 
-    python gpt_peer.py --strategy {ddp,fsdp} --job JOB_JSON [--threads T]
+    python gpt_peer.py --strategy {single,ddp,fsdp} --job JOB_JSON [--threads T]
+
+`single` trains the model as it is, with no wrapper (the single-device reference); it runs
+at any world size, each rank on its own, and is meant for one process.
 
 JOB_JSON carries `model`, `batch_per_rank`, `warmup`, `steps` and `out`; every other key is
 ignored. Rank 0 writes the result JSON to `out`.
@@ -49,9 +52,16 @@ def vm_hwm_bytes():
     raise RuntimeError("VmHWM not found in /proc/self/status")
 
 
+def minor_faults():
+    """Minor page faults of this process so far (`minflt` of /proc/self/stat)."""
+    with open("/proc/self/stat") as f:
+        stat = f.read()
+    return int(stat[stat.rindex(")") + 1:].split()[7])
+
+
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--strategy", required=True, choices=["ddp", "fsdp"])
+    p.add_argument("--strategy", required=True, choices=["single", "ddp", "fsdp"])
     p.add_argument("--job", required=True, help="job JSON string")
     p.add_argument("--threads", type=int, default=None, help="intra-op threads per rank")
     return p.parse_args()
@@ -155,7 +165,9 @@ def main():
     model = build_model(torch, nn, cfg)
     params = sum(p.numel() for p in model.parameters())
 
-    if args.strategy == "ddp":
+    if args.strategy == "single":
+        pass
+    elif args.strategy == "ddp":
         model = nn.parallel.DistributedDataParallel(model)  # bucket_cap_mb 25
     else:
         mesh = init_device_mesh("cpu", (world,))
@@ -171,7 +183,10 @@ def main():
     vocab, seq, batch = cfg["vocab"], cfg["seq"], job["batch_per_rank"]
 
     step_s = []
+    faults_before = minor_faults()
     for step in range(job["warmup"] + job["steps"]):
+        if step == job["warmup"]:
+            faults_before = minor_faults()
         gen = torch.Generator().manual_seed(1000 * step + rank)
         tokens = torch.randint(0, vocab, (batch, seq), generator=gen)
         targets = torch.randint(0, vocab, (batch, seq), generator=gen)
@@ -189,9 +204,11 @@ def main():
         if step >= job["warmup"]:
             step_s.append(elapsed)
 
+    faults_per_step = (minor_faults() - faults_before) / max(1, job["steps"])
     peak_rss = vm_hwm_bytes()
     progress = f"torch {torch.__version__}, gloo, {threads} thread(s)"
-    mine = {"peak": peak_rss, "baseline": baseline_rss, "progress": progress}
+    mine = {"peak": peak_rss, "baseline": baseline_rss, "progress": progress,
+            "faults": faults_per_step}
     gathered = [None] * world
     dist.all_gather_object(gathered, mine)
 
@@ -207,6 +224,7 @@ def main():
             "progress": [g["progress"] for g in gathered],
             "sent_bytes_per_step": [],
             "rotation_compute_s_per_step": [],
+            "minor_faults_per_step": [g["faults"] for g in gathered],
         }
         out = job["out"]
         parent = os.path.dirname(os.path.abspath(out))

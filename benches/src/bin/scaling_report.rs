@@ -89,6 +89,15 @@ struct Cli {
     /// With `--backends`: only add that section to the report already in `--out`.
     #[arg(long, requires = "backends")]
     backends_only: bool,
+    /// With `--transport mpi --pytorch PYTHON`: add ours against PyTorch on the same cores
+    /// (one process with one thread each side at A and B, and A at N = 4 alone and beside a
+    /// competing load, with page faults per step) to the MPI report in `--out`; with
+    /// `--speed-only`, only that.
+    #[arg(long, requires = "pytorch")]
+    speed: bool,
+    /// With `--speed`: only add that section to the report already in `--out`.
+    #[arg(long, requires = "speed")]
+    speed_only: bool,
     /// Only measure the activation section (RTP with and without balanced activation
     /// checkpointing, and the planner's checkpointed predictions in-process) and add it to
     /// the report already in `--out`, with its figures.
@@ -412,7 +421,39 @@ fn main() -> ExitCode {
     if cli.backends && status == ExitCode::SUCCESS {
         status = add_backends(&cli, &out);
     }
+    if cli.speed && status == ExitCode::SUCCESS {
+        status = add_speed(&cli);
+    }
     status
+}
+
+/// Adds ours against PyTorch on the same cores to the MPI report in `--out`.
+fn add_speed(cli: &Cli) -> ExitCode {
+    let log = |m: &str| eprintln!("{m}");
+    let (Some(python), TransportKind::Mpi) = (&cli.pytorch, cli.transport) else {
+        eprintln!("error: --speed needs --transport mpi and --pytorch PYTHON");
+        return ExitCode::FAILURE;
+    };
+    let exe = match std::env::current_exe() {
+        Ok(exe) => exe,
+        Err(e) => {
+            eprintln!("error: cannot find this program to start under mpirun: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let repeats = cli
+        .repeats
+        .unwrap_or(if cli.quick || cli.tiny { 1 } else { 3 });
+    section_status(
+        "speed against PyTorch",
+        burn_rtp_benches::mpi_speed::add_to_report(
+            &mpi_config(cli),
+            &exe,
+            python,
+            repeats.max(1),
+            &log,
+        ),
+    )
 }
 
 /// Adds the inner backends' figures to the report in `out`: in-process, or with
@@ -462,7 +503,7 @@ fn section_status(what: &str, added: Result<String, Box<dyn std::error::Error>>)
 }
 
 fn report(cli: &Cli) -> ExitCode {
-    if cli.burn_ddp_only || cli.wgpu_only || cli.backends_only {
+    if cli.burn_ddp_only || cli.wgpu_only || cli.backends_only || cli.speed_only {
         return ExitCode::SUCCESS;
     }
     if let Some(probe) = &cli.net_probe {

@@ -1,11 +1,16 @@
 //! One folder per kernel, each with its generic composition.
 
+pub mod adam;
+
 #[cfg(feature = "cube")]
 mod cube;
 pub mod embedding;
+mod fill;
 #[cfg(feature = "flex")]
 mod flex;
+mod gelu;
 pub mod linear;
+mod matmul;
 
 /// Burn's fusion backend records ops lazily; its steps stay compositions of its own ops,
 /// which it fuses as it sees fit.

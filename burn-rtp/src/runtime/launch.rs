@@ -251,6 +251,7 @@ where
         config.peer_timeout,
         config.mpi_progress,
         config.one_malloc_arena,
+        config.keep_freed_pages,
     )?));
     let rank = Transport::<B::FloatTensorPrimitive>::rank(&endpoint);
     if rank != launch.rank {

@@ -91,7 +91,7 @@ struct MapGradients<'a, I: RotationKernels, F> {
     _inner: std::marker::PhantomData<I>,
 }
 
-fn primitive<I: RotationKernels, const D: usize>(t: Tensor<Rtp<I>, D>) -> RtpTensor<I> {
+pub(crate) fn primitive<I: RotationKernels, const D: usize>(t: Tensor<Rtp<I>, D>) -> RtpTensor<I> {
     match t.into_primitive() {
         TensorPrimitive::Float(t) => t,
         TensorPrimitive::QFloat(_) => panic!("RtpOptimizer: quantized gradients are not supported"),

@@ -321,6 +321,17 @@ pub fn peak_rss_bytes() -> Option<u64> {
     status_kib("VmHWM:").map(|kib| kib * 1024)
 }
 
+/// The minor page faults this process has taken so far (`minflt`, the tenth field of
+/// `/proc/self/stat`): each is a page the kernel had to map on first touch, which a VM pays
+/// dearly for. The difference across steps says whether the steady state allocates fresh
+/// pages. `None` where the kernel does not report it.
+pub fn minor_page_faults() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // The command name (field 2) is in parentheses and may hold spaces: count from its end.
+    let after = &stat[stat.rfind(')')? + 1..];
+    after.split_whitespace().nth(7)?.parse().ok()
+}
+
 /// An inner tensor outside any wrapper (taken out for an op, gathered, or assembled), still
 /// charged to its rank: the ledger must see every buffer an op keeps alive, not only those
 /// wrapped in an [`RtpTensor`]. The charge ends when the `Held` drops.

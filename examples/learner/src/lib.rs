@@ -244,9 +244,13 @@ fn train_on<I: RotationKernels>(cfg: &LearnerConfig) -> Result<LearnerOutcome, L
             training = training.checkpoint(epoch);
         }
         let model = cfg.model.init::<LearnerBackend<I>>(&device);
-        let optim = RtpOptimizer::new(
-            AdamConfig::new().init::<LearnerBackend<I>, Gpt<LearnerBackend<I>>>(),
-        );
+        let optim = RtpOptimizer::<
+            burn::optim::adaptor::OptimizerAdaptor<
+                burn_rtp::FusedAdam,
+                Gpt<LearnerBackend<I>>,
+                LearnerBackend<I>,
+            >,
+        >::adam(&AdamConfig::new());
         let _result = training.launch(Learner::new(model, optim, cfg.lr));
         let seen = record.lock().unwrap();
         // The renderer sees one value per validation batch; an epoch's loss is their mean

@@ -18,7 +18,7 @@ pub(crate) mod packed_lhs;
 pub use crate::generic::linear::weight_grad_summed;
 pub use crate::packing::{PackedX, XUse};
 
-use crate::columns::{output_for_columns, ColumnError, Window};
+use crate::columns::{dtype_of, output_shape, ColumnError, Window};
 use crate::dispatch::{Checked, KernelPath, RotationKernels};
 use crate::Float;
 use burn::tensor::backend::Backend;
@@ -156,7 +156,14 @@ pub fn forward_whole<B: RotationKernels>(
     b: Option<Float<B>>,
 ) -> Float<B> {
     if B::kernel_path() == KernelPath::Native {
-        let y = output_for_columns::<B>(&x, last(&shape::<B>(&w)));
+        // Zero-filled by the backend's fastest fill (every element is written below).
+        let columns = last(&shape::<B>(&w));
+        let y = B::filled(
+            output_shape::<B>(&x, columns),
+            0.0,
+            &B::float_device(&x),
+            dtype_of::<B>(&x),
+        );
         if let Ok(y) = forward_step::<B>(y, x.clone(), w.clone(), b.clone(), 0, None) {
             return y;
         }

@@ -400,6 +400,50 @@ where
         fused_kernels_enabled().then(|| pack_x(x, use_)).flatten()
     }
 
+    fn filled(
+        shape: burn::tensor::Shape,
+        value: f32,
+        device: &burn::tensor::Device<Self>,
+        dtype: burn::tensor::FloatDType,
+    ) -> Float<Self> {
+        use burn::tensor::ops::FloatTensorOps;
+        crate::kernel::fill::ndarray(&shape, value, dtype)
+            .unwrap_or_else(|| Self::float_full(shape, value.into(), device, dtype))
+    }
+
+    fn fused_matmul(lhs: Float<Self>, rhs: Float<Self>) -> Float<Self> {
+        use burn::tensor::ops::FloatTensorOps;
+        match fused_kernels_enabled() {
+            true => crate::kernel::matmul::ndarray::matmul(lhs, rhs)
+                .unwrap_or_else(|(lhs, rhs)| Self::float_matmul(lhs, rhs)),
+            false => Self::float_matmul(lhs, rhs),
+        }
+    }
+
+    fn fused_adam(
+        param: Float<Self>,
+        grad: Float<Self>,
+        moments: Option<(Float<Self>, Float<Self>)>,
+        step: &crate::AdamStep,
+    ) -> Result<[Float<Self>; 3], crate::kernel::adam::ndarray::Operands> {
+        let done = crate::kernel::adam::ndarray::adam(param, grad, moments, step);
+        if done.is_ok() {
+            count_fused_launch();
+        }
+        done
+    }
+
+    fn fused_gelu(x: Float<Self>) -> Float<Self> {
+        use burn::tensor::ops::ActivationOps;
+        crate::kernel::gelu::ndarray::gelu(x).unwrap_or_else(Self::gelu)
+    }
+
+    fn fused_gelu_backward(x: Float<Self>, grad: Float<Self>) -> Float<Self> {
+        use burn::tensor::ops::ActivationOps;
+        crate::kernel::gelu::ndarray::gelu_backward(x, grad)
+            .unwrap_or_else(|(x, grad)| Self::gelu_backward(x, grad))
+    }
+
     fn linear_step(
         y: Float<Self>,
         x: Float<Self>,

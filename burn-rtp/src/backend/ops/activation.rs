@@ -26,11 +26,19 @@ impl<B: RotationKernels> ActivationOps<Self> for Rtp<B> {
     }
 
     fn gelu(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-        unary(tensor, B::gelu)
+        if tensor.ctx.comm.config.fused_activations {
+            unary(tensor, B::fused_gelu)
+        } else {
+            unary(tensor, B::gelu)
+        }
     }
 
     fn gelu_backward(x: FloatTensor<Self>, grad: FloatTensor<Self>) -> FloatTensor<Self> {
-        binary("gelu_backward", x, grad, B::gelu_backward)
+        if x.ctx.comm.config.fused_activations {
+            binary("gelu_backward", x, grad, B::fused_gelu_backward)
+        } else {
+            binary("gelu_backward", x, grad, B::gelu_backward)
+        }
     }
 
     fn sigmoid(tensor: FloatTensor<Self>) -> FloatTensor<Self> {

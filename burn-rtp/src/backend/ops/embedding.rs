@@ -31,7 +31,12 @@ pub(super) fn forward<B: RotationKernels>(
             let w = &weights.inner;
             let mut dims = indices.shape().to_vec();
             dims.push(spec.last());
-            let y = B::float_empty(Shape::from(dims), &B::float_device(w), w.dtype().into());
+            let y = B::filled(
+                Shape::from(dims),
+                0.0,
+                &B::float_device(w),
+                w.dtype().into(),
+            );
             let y = rotate_columns(
                 &ctx.comm,
                 "embedding.forward",

@@ -105,12 +105,12 @@ impl<B: RotationKernels> FloatTensorOps<Self> for Rtp<B> {
 
     fn float_zeros(shape: Shape, device: &RtpDevice<B>, dtype: FloatDType) -> FloatTensor<Self> {
         let inner = device.ctx.comm.inner.clone();
-        create(device, shape, |s| B::float_zeros(s, &inner, dtype))
+        create(device, shape, |s| B::filled(s, 0.0, &inner, dtype))
     }
 
     fn float_ones(shape: Shape, device: &RtpDevice<B>, dtype: FloatDType) -> FloatTensor<Self> {
         let inner = device.ctx.comm.inner.clone();
-        create(device, shape, |s| B::float_ones(s, &inner, dtype))
+        create(device, shape, |s| B::filled(s, 1.0, &inner, dtype))
     }
 
     fn float_full(
@@ -127,7 +127,7 @@ impl<B: RotationKernels> FloatTensorOps<Self> for Rtp<B> {
 
     fn float_empty(shape: Shape, device: &RtpDevice<B>, dtype: FloatDType) -> FloatTensor<Self> {
         let inner = device.ctx.comm.inner.clone();
-        create(device, shape, |s| B::float_empty(s, &inner, dtype))
+        create(device, shape, |s| B::filled(s, 0.0, &inner, dtype))
     }
 
     async fn float_into_data(tensor: FloatTensor<Self>) -> Result<TensorData, ExecutionError> {
@@ -241,7 +241,7 @@ impl<B: RotationKernels> FloatTensorOps<Self> for Rtp<B> {
     }
 
     fn float_matmul(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
-        full_binary("float_matmul", lhs, rhs, B::float_matmul)
+        full_binary("float_matmul", lhs, rhs, B::fused_matmul)
     }
 
     fn float_cross(

@@ -38,7 +38,7 @@ pub(crate) struct Pace {
     /// The scheduler slice the thread obtained (`sched.rs`); `None`: the kernel's own.
     slice: Option<Duration>,
     /// The process's malloc arenas (`arena.rs`); `None`: not asked.
-    arena: Option<&'static str>,
+    arena: Option<String>,
 }
 
 impl Pace {
@@ -58,7 +58,7 @@ impl Pace {
     }
 
     /// Notes the process's malloc arenas, for reports.
-    pub(crate) fn set_arena(&mut self, arena: Option<&'static str>) {
+    pub(crate) fn set_arena(&mut self, arena: Option<String>) {
         self.arena = arena;
     }
 
@@ -124,7 +124,7 @@ impl Pace {
             None => "the kernel's scheduler slice".to_string(),
         };
         let policy = self.policy(&host);
-        match self.arena {
+        match &self.arena {
             Some(arena) => format!("{policy}; {slice}; {arena}"),
             None => format!("{policy}; {slice}"),
         }
@@ -191,7 +191,7 @@ mod tests {
             backoff.describe(),
             "backoff (asked; 64 core(s) for 1 local rank(s)); 100 µs scheduler slice"
         );
-        backoff.set_arena(Some("one malloc arena"));
+        backoff.set_arena(Some("one malloc arena".into()));
         assert_eq!(
             backoff.describe(),
             "backoff (asked; 64 core(s) for 1 local rank(s)); 100 µs scheduler slice; one malloc arena"

@@ -336,7 +336,7 @@ pub(super) fn run(
     ready: Sender<Result<(usize, usize), String>>,
     wire: WireLog,
     progress: MpiProgress,
-    arena: Option<&'static str>,
+    arena: Option<String>,
     policy: Arc<Mutex<String>>,
 ) {
     // Before MPI starts its own threads, which inherit it: they too work in short bursts.

@@ -63,11 +63,14 @@ impl MpiTransport {
     /// Initialises MPI on a new communication thread, which paces its tests of transfers in
     /// flight as `progress` asks; fails if MPI was initialised before. With
     /// `one_malloc_arena`, glibc is first asked for one malloc arena for the whole process
-    /// ([`RtpConfig::with_one_malloc_arena`](crate::RtpConfig::with_one_malloc_arena)).
+    /// ([`RtpConfig::with_one_malloc_arena`](crate::RtpConfig::with_one_malloc_arena)); with
+    /// `keep_freed_pages`, to keep freed tensors' pages for reuse
+    /// ([`RtpConfig::with_keep_freed_pages`](crate::RtpConfig::with_keep_freed_pages)).
     pub fn start(
         peer_timeout: Duration,
         progress: MpiProgress,
         one_malloc_arena: bool,
+        keep_freed_pages: bool,
     ) -> RtpResult<Self> {
         let (commands, inbox) = mpsc::channel();
         let (ready, started) = mpsc::channel();
@@ -77,11 +80,14 @@ impl MpiTransport {
         let shown = policy.clone();
         // Before the thread starts, so that it allocates received buffers where this thread
         // frees them.
-        let arena = if one_malloc_arena {
-            super::arena::share_one_arena()
-        } else {
-            None
-        };
+        let arena = super::arena::describe(
+            one_malloc_arena
+                .then(super::arena::share_one_arena)
+                .flatten(),
+            keep_freed_pages
+                .then(super::arena::keep_freed_pages)
+                .flatten(),
+        );
         let thread = std::thread::Builder::new()
             .name("rtp-mpi".into())
             .spawn(move || run(inbox, ready, log, progress, arena, shown))
@@ -517,7 +523,7 @@ mod tests {
     #[test]
     fn waits_issue_held_calls_and_batches_keep_their_order() {
         let transport = Arc::new(
-            MpiTransport::start(Duration::from_secs(20), MpiProgress::Auto, true)
+            MpiTransport::start(Duration::from_secs(20), MpiProgress::Auto, true, true)
                 .expect("a singleton MPI world starts without mpirun"),
         );
         assert_eq!((transport.rank, transport.size), (0, 1));
