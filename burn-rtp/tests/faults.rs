@@ -232,3 +232,96 @@ fn tensors_of_two_ranks_in_one_op_are_a_typed_error() {
         other => panic!("expected MixedRanks, got {other}"),
     }
 }
+
+/// Two Linears without biases, so that each forward gathers exactly one parameter.
+#[derive(burn::module::Module, Debug)]
+struct TwoLinears<B: burn::tensor::backend::Backend> {
+    a: Linear<B>,
+    b: Linear<B>,
+}
+
+/// An evaluation forward after the last step leaves FSDP's prefetch of the next weight on the
+/// rank's background worker. The program returning does not end it: `launch` waits for it
+/// and reports its failure. Here rank 1's forward reads a spare Linear of the same shape,
+/// which is not one of the parameters the step registered, so it starts no prefetch, and rank
+/// 0's prefetch has no partner: it fails once rank 1 has exited, and that fails the job.
+#[test]
+fn a_prefetch_left_by_an_evaluation_forward_is_drained_and_its_failure_reported() {
+    let config = RtpConfig::new(2)
+        .with_strategy(burn_rtp::Strategy::Fsdp)
+        .with_shard_threshold(0)
+        .with_peer_timeout(Duration::from_secs(20));
+    let start = Instant::now();
+    let outcome = launch(config, |device| {
+        let linear = |d_in, d_out| LinearConfig::new(d_in, d_out).with_bias(false);
+        let mut model = TwoLinears::<Dist> {
+            a: linear(6, 10).init(&device),
+            b: linear(10, 3).init(&device),
+        };
+        let spare: Linear<Dist> = linear(6, 10).init(&device);
+        let mut optim = burn_rtp::RtpOptimizer::new(adam().init());
+        let x = || Tensor::<Dist, 2>::random([4, 6], Distribution::Default, &device);
+        // Two steps: the first registers the parameters, the second records their order.
+        for _ in 0..2 {
+            let loss = model.b.forward(model.a.forward(x())).sum();
+            let grads = GradientsParams::from_grads(loss.backward(), &model);
+            model = optim.step(LR, model, grads);
+        }
+        let before = device.fsdp_prefetches();
+        let y = if device.rank() == 0 {
+            model.a.forward(x())
+        } else {
+            spare.forward(x())
+        };
+        let _ = y.sum().into_scalar();
+        device.fsdp_prefetches().started - before.started
+    });
+    assert!(
+        start.elapsed() < Duration::from_secs(15),
+        "{:?}",
+        start.elapsed()
+    );
+    let err = outcome.expect_err("rank 0's prefetch had no partner");
+    assert!(
+        matches!(
+            &err,
+            RtpError::PeerExited {
+                rank: 0,
+                peer: 1,
+                op,
+            } if op.contains("prefetch")
+        ),
+        "{err}"
+    );
+}
+
+/// With every rank running the same evaluation forward, the prefetch it leaves is in flight
+/// when the programs return (the case the test above fails on purpose), and waiting for it
+/// ends the job cleanly on every rank.
+#[test]
+fn a_prefetch_left_by_an_evaluation_forward_ends_cleanly_when_every_rank_left_one() {
+    let config = RtpConfig::new(3)
+        .with_strategy(burn_rtp::Strategy::Fsdp)
+        .with_shard_threshold(0);
+    let left = launch(config, |device| {
+        let linear = |d_in, d_out| LinearConfig::new(d_in, d_out).with_bias(false);
+        let mut model = TwoLinears::<Dist> {
+            a: linear(7, 11).init(&device),
+            b: linear(11, 5).init(&device),
+        };
+        let mut optim = burn_rtp::RtpOptimizer::new(adam().init());
+        let x = || Tensor::<Dist, 2>::random([4, 7], Distribution::Default, &device);
+        for _ in 0..2 {
+            let loss = model.b.forward(model.a.forward(x())).sum();
+            let grads = GradientsParams::from_grads(loss.backward(), &model);
+            model = optim.step(LR, model, grads);
+        }
+        let before = device.fsdp_prefetches();
+        let _ = model.a.forward(x()).sum().into_scalar();
+        let after = device.fsdp_prefetches();
+        (after.started - before.started, after.used - before.used)
+    })
+    .unwrap();
+    // One prefetch started (of `b`), none taken: each program returned with it in flight.
+    assert_eq!(left, vec![(1, 0); 3]);
+}

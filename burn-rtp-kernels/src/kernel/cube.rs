@@ -100,3 +100,57 @@ where
         }
     }
 }
+
+/// A step given a window its operands were not checked for must stop at the launch, not
+/// write outside a buffer: code outside this crate can do this through a `Checked` its own
+/// `RotationKernels` impl received (wgpu on lavapipe in CI).
+#[cfg(all(test, feature = "wgpu"))]
+mod tests {
+    use super::*;
+    use burn::backend::wgpu::{Wgpu, WgpuDevice};
+    use burn::tensor::{Int as IntKind, Tensor, TensorData};
+
+    fn float(values: usize, shape: [usize; 2]) -> Float<Wgpu> {
+        let data = TensorData::new(vec![0.5f32; values], shape);
+        Tensor::<Wgpu, 2>::from_data(data, &WgpuDevice::default())
+            .into_primitive()
+            .tensor()
+    }
+
+    #[test]
+    #[should_panic(expected = "do not hold it")]
+    fn a_linear_window_past_the_output_stops_at_the_launch() {
+        // Y has 6 columns; the window writes columns 5..13.
+        let (y, x, w) = (float(12, [2, 6]), float(6, [2, 3]), float(24, [3, 8]));
+        let _ = <Wgpu as RotationKernels>::linear_step(
+            y,
+            x,
+            w,
+            None,
+            Window::new(5, 8),
+            None,
+            Checked::after_checks(),
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "not checked for")]
+    fn an_embedding_window_past_the_output_stops_at_the_launch() {
+        let device = WgpuDevice::default();
+        let y = Tensor::<Wgpu, 3>::from_data(TensorData::new(vec![0f32; 8], [1, 2, 4]), &device)
+            .into_primitive()
+            .tensor();
+        let table = float(15, [5, 3]);
+        let indices: Int<Wgpu> =
+            Tensor::<Wgpu, 2, IntKind>::from_data(TensorData::new(vec![1i32, 4], [1, 2]), &device)
+                .into_primitive();
+        // The output has 4 columns; the window is columns 3..6.
+        let _ = <Wgpu as RotationKernels>::embedding_step(
+            y,
+            table,
+            indices,
+            Window::new(3, 3),
+            Checked::after_checks(),
+        );
+    }
+}

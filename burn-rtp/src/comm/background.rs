@@ -36,12 +36,34 @@ pub(crate) struct Background {
 impl Background {
     /// Starts `job` after the jobs already started.
     pub(crate) fn submit(&self, rank: usize, job: Job) {
-        self.shared.0.lock().unwrap().pending += 1;
+        self.submit_with(rank, job, spawn);
+    }
+
+    /// [`Background::submit`], starting the worker with `start` if there is none yet.
+    ///
+    /// A job is counted only once a worker exists to finish it, and uncounted if the worker
+    /// cannot take it: a job counted for no thread would make [`Background::drain`] wait for
+    /// ever.
+    fn submit_with(
+        &self,
+        rank: usize,
+        job: Job,
+        start: impl FnOnce(usize, Shared) -> std::io::Result<mpsc::Sender<Job>>,
+    ) {
         let mut queue = self.queue.lock().unwrap();
-        let sender = queue.get_or_insert_with(|| spawn(rank, self.shared.clone()));
-        sender
-            .send(job)
-            .unwrap_or_else(|_| panic!("rank {rank}: its background worker is gone"));
+        if queue.is_none() {
+            let sender = start(rank, self.shared.clone())
+                .unwrap_or_else(|e| panic!("rank {rank}: cannot start its background worker: {e}"));
+            *queue = Some(sender);
+        }
+        let sender = queue.as_ref().expect("started above");
+        self.shared.0.lock().unwrap().pending += 1;
+        if sender.send(job).is_err() {
+            let (lock, done) = &*self.shared;
+            lock.lock().unwrap().pending -= 1;
+            done.notify_all();
+            panic!("rank {rank}: its background worker is gone");
+        }
     }
 
     /// Whether no job is pending and none failed.
@@ -69,7 +91,7 @@ impl Background {
 }
 
 /// The worker thread of `rank`: runs jobs in order until the rank drops its sender.
-fn spawn(rank: usize, shared: Shared) -> mpsc::Sender<Job> {
+fn spawn(rank: usize, shared: Shared) -> std::io::Result<mpsc::Sender<Job>> {
     let (sender, jobs) = mpsc::channel::<Job>();
     std::thread::Builder::new()
         .name(format!("rtp-rank{rank}-background"))
@@ -92,9 +114,8 @@ fn spawn(rank: usize, shared: Shared) -> mpsc::Sender<Job> {
                 state.pending -= 1;
                 done.notify_all();
             }
-        })
-        .unwrap_or_else(|e| panic!("rank {rank}: cannot start its background worker: {e}"));
-    sender
+        })?;
+    Ok(sender)
 }
 
 #[cfg(test)]
@@ -137,5 +158,32 @@ mod tests {
             .expect_err("the failure reaches the rank's thread");
         assert_eq!(raised.downcast_ref::<&str>(), Some(&"peer 2 timed out"));
         assert_eq!(ran.load(Ordering::SeqCst), 0, "a job after a failure ran");
+    }
+
+    /// A worker that cannot start leaves nothing counted: the rank's panic names it, and a
+    /// later wait for the worker returns at once instead of waiting for a job no thread runs.
+    #[test]
+    fn a_worker_that_cannot_start_leaves_no_job_to_wait_for() {
+        let bg = Background::default();
+        let refused = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            bg.submit_with(3, Box::new(|| ()), |_, _| {
+                Err(std::io::Error::other("no threads left"))
+            })
+        }))
+        .expect_err("the failed start is raised");
+        let message = refused.downcast_ref::<String>().expect("a formatted panic");
+        assert!(
+            message.contains("rank 3") && message.contains("no threads left"),
+            "{message}"
+        );
+        assert!(bg.idle());
+        let (done, waited) = mpsc::channel();
+        std::thread::spawn(move || {
+            bg.drain();
+            let _ = done.send(());
+        });
+        waited
+            .recv_timeout(std::time::Duration::from_secs(5))
+            .expect("drain returned");
     }
 }

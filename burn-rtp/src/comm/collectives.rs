@@ -3,11 +3,10 @@
 //! the barrier. Every rank sums in rank order, so all ranks get bit-identical results, which
 //! keeps replicated values replicated.
 
-use crate::comm::context::Comm;
+use crate::comm::context::{Comm, Stamped};
 pub(crate) use crate::comm::p2p::read_host;
 use crate::comm::p2p::{exchange, fence, Leg};
 use crate::comm::rotation::{reduce_scatter, rotate};
-use crate::comm::transport::Header;
 use crate::state::accounting::{Category, Charge};
 use crate::state::accounting::{Float, Held};
 use crate::state::sharding::Layout;
@@ -21,7 +20,7 @@ use std::sync::Arc;
 /// stay charged as in flight until the returned charges drop.
 fn exchange_with_all<B: Backend>(
     ctx: &Comm<B>,
-    header: impl Fn(usize) -> Header,
+    header: impl Fn(usize) -> Stamped,
     own: B::FloatTensorPrimitive,
 ) -> (Vec<B::FloatTensorPrimitive>, Vec<Arc<Charge>>) {
     let (rank, n) = (ctx.rank, ctx.world_size);
@@ -82,12 +81,7 @@ pub(crate) fn all_gather<B: Backend>(
         return Held::new(&ctx.ledger, inner.clone(), cat);
     }
     let seq = ctx.next_seq();
-    let header = |part: usize| Header {
-        seq,
-        op: op.into(),
-        part,
-        shape: spec.shard_shape(part).to_vec(),
-    };
+    let header = |part: usize| seq.header(op, part, spec.shard_shape(part).to_vec());
     let (parts, _received) = exchange_with_all(ctx, header, inner.clone());
     let last = spec.full.num_dims() - 1;
     let full = Held::new(
@@ -110,12 +104,7 @@ pub(crate) fn all_gather_host<B: Backend>(
     }
     let seq = ctx.next_seq();
     let len = values.len();
-    let header = |part: usize| Header {
-        seq,
-        op: op.into(),
-        part,
-        shape: vec![len],
-    };
+    let header = |part: usize| seq.header(op, part, vec![len]);
     let own = B::float_from_data(TensorData::new(values, [len]), &ctx.inner);
     exchange_with_all(ctx, header, own)
         .0
@@ -200,12 +189,7 @@ pub(crate) fn all_gather_bytes<B: Backend>(
     let seq = ctx.next_seq();
     let lengths: Vec<usize> = exchange_with_all(
         ctx,
-        |part| Header {
-            seq,
-            op: op.into(),
-            part,
-            shape: vec![1],
-        },
+        |part| seq.header(op, part, vec![1]),
         floats(vec![bytes.len() as f32]),
     )
     .0
@@ -219,12 +203,7 @@ pub(crate) fn all_gather_bytes<B: Backend>(
     own.resize(padded(bytes.len()), 0.0);
     exchange_with_all(
         ctx,
-        |part| Header {
-            seq,
-            op: op.into(),
-            part,
-            shape: vec![padded(lengths[part])],
-        },
+        |part| seq.header(op, part, vec![padded(lengths[part])]),
         floats(own),
     )
     .0

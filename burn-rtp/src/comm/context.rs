@@ -6,7 +6,7 @@
 //! ops decide, and the op layer owns one `Comm` inside its rank context.
 
 use crate::comm::background::Background;
-use crate::comm::transport::Transport;
+use crate::comm::transport::{Header, Transport};
 use crate::config::RtpConfig;
 use crate::error::{raise, RtpResult};
 use crate::state::accounting::Ledger;
@@ -76,10 +76,11 @@ impl<B: Backend> Comm<B> {
     ///
     /// Every collective starts here, so this is where the rank's thread waits for its
     /// background collectives first: their messages and sequence numbers then come before its
-    /// own on every rank alike (see `comm::background`).
-    pub(crate) fn next_seq(&self) -> u64 {
+    /// own on every rank alike (see `comm::background`). [`Seq`] has no other constructor, so
+    /// no message can skip this wait.
+    pub(crate) fn next_seq(&self) -> Seq {
         self.wait_background();
-        self.seq.fetch_add(1, Ordering::Relaxed)
+        Seq(self.seq.fetch_add(1, Ordering::Relaxed))
     }
 
     /// Waits until the rank's background collectives are done (recorded as a wait: it is the
@@ -108,6 +109,41 @@ impl<B: Backend> Comm<B> {
     }
 }
 
+/// A collective's sequence number. Only [`Comm::next_seq`] makes one, and a message header
+/// can only be made from one ([`Seq::header`]), so every message `p2p` moves carries a number
+/// taken after the rank's thread waited for its background worker: the two never interleave
+/// their messages, which would pair different collectives on different ranks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Seq(u64);
+
+impl Seq {
+    /// The header of part `part` of this collective, named `op`, a tensor of `shape`.
+    pub(crate) fn header(self, op: &'static str, part: usize, shape: Vec<usize>) -> Stamped {
+        Stamped(Header {
+            seq: self.0,
+            op: op.into(),
+            part,
+            shape,
+        })
+    }
+}
+
+/// A message header made from a [`Seq`]: what `p2p` sends under and expects.
+#[derive(Clone, Debug)]
+pub(crate) struct Stamped(Header);
+
+impl Stamped {
+    /// The header as the transport carries it.
+    pub(crate) fn header(&self) -> &Header {
+        &self.0
+    }
+
+    /// The header, for the transport to carry.
+    pub(crate) fn into_header(self) -> Header {
+        self.0
+    }
+}
+
 impl<B: Backend> std::fmt::Debug for Comm<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
@@ -115,5 +151,40 @@ impl<B: Backend> std::fmt::Debug for Comm<B> {
             "rank {}/{} of world {} on {:?}",
             self.rank, self.world_size, self.world_id, self.inner
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::comm::transport::InProcessHub;
+    use burn::backend::NdArray;
+    use std::sync::atomic::AtomicBool;
+    use std::time::Duration;
+
+    /// A sequence number is only handed out once the background worker is idle, so a
+    /// collective the rank's thread starts never interleaves with one still running behind it.
+    #[test]
+    fn a_sequence_number_waits_for_the_background_worker() {
+        let hub = InProcessHub::new(1, Duration::from_secs(5));
+        let transport = Arc::new(hub.endpoint(0));
+        let comm =
+            Comm::<NdArray>::new(0, 0, Default::default(), transport, RtpConfig::new(1)).unwrap();
+        let done = Arc::new(AtomicBool::new(false));
+        let flag = done.clone();
+        comm.background.submit(
+            0,
+            Box::new(move || {
+                std::thread::sleep(Duration::from_millis(50));
+                flag.store(true, Ordering::SeqCst);
+            }),
+        );
+        let first = comm.next_seq();
+        assert!(
+            done.load(Ordering::SeqCst),
+            "a number was handed out mid-job"
+        );
+        assert_eq!(first.header("op", 0, vec![1]).header().seq, 0);
+        assert_eq!(comm.next_seq().header("op", 0, vec![1]).header().seq, 1);
     }
 }

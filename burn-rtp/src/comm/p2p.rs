@@ -2,8 +2,10 @@
 //!
 //! The one rule that keeps every pattern deadlock-free on transports that do not buffer (MPI's
 //! rendezvous protocol for large messages, NCCL): a rank posts all receives of an exchange
-//! before it starts its sends, and waits for its sends only after that. [`exchange`] is the
-//! only way the rest of the crate moves tensors, so the rule holds everywhere:
+//! before it starts its sends, and waits for its sends only after that. [`exchange`] and
+//! [`swap`] (which is an `exchange`, or on a transport that buffers sends, a send completed
+//! before its receive is posted) are the only ways the rest of the crate moves tensors, so
+//! the rule holds everywhere:
 //!
 //! 1. post the receives;
 //! 2. start the sends (and flush the transport, which may hold posted calls to issue them
@@ -11,9 +13,11 @@
 //! 3. run the caller's compute;
 //! 4. wait for the sends and the receives.
 //!
-//! Rotation and collectives are built on this module; it knows nothing of either.
+//! Every message carries a header made from a [`Seq`](crate::comm::context::Seq), which only
+//! `Comm::next_seq` hands out. Rotation and collectives are built on this module; it knows
+//! nothing of either.
 
-use crate::comm::context::Comm;
+use crate::comm::context::{Comm, Stamped};
 use crate::comm::transport::{BufferKind, Header, Payload, RecvHandle, SendHandle};
 use crate::state::accounting::Float;
 use crate::state::accounting::{bytes_of_shapes, Category, Charge};
@@ -175,14 +179,17 @@ pub(crate) struct Received<B: Backend> {
 pub(crate) fn post<B: Backend>(
     ctx: &Comm<B>,
     from: usize,
-    expect: Vec<Header>,
+    expect: Vec<Stamped>,
     elem: usize,
 ) -> Posted<B> {
-    let shapes: Vec<Vec<usize>> = expect.iter().map(|h| h.shape.clone()).collect();
+    let shapes: Vec<Vec<usize>> = expect.iter().map(|h| h.header().shape.clone()).collect();
     let started = ctx.timeline.start();
     let handles = expect
         .into_iter()
-        .map(|h| (h.clone(), ctx.check(ctx.transport.irecv(from, h))))
+        .map(|h| {
+            let h = h.into_header();
+            (h.clone(), ctx.check(ctx.transport.irecv(from, h)))
+        })
         .collect();
     // Charged after posting: a message already waiting in the inbox stayed charged to its
     // sender until the receive took it, so the two never count the same buffer twice.
@@ -244,7 +251,7 @@ pub(crate) struct Started(Vec<Box<dyn SendHandle>>);
 fn start<B: Backend>(
     ctx: &Comm<B>,
     to: usize,
-    headers: Vec<Header>,
+    headers: Vec<Stamped>,
     payloads: Payloads<B>,
     hold: &[Arc<Charge>],
 ) -> Started {
@@ -254,7 +261,12 @@ fn start<B: Backend>(
         headers
             .into_iter()
             .zip(payloads.payloads)
-            .map(|(h, payload)| ctx.check(ctx.transport.isend(to, h, payload, hold.clone())))
+            .map(|(h, payload)| {
+                ctx.check(
+                    ctx.transport
+                        .isend(to, h.into_header(), payload, hold.clone()),
+                )
+            })
             .collect(),
     )
 }
@@ -272,8 +284,8 @@ pub(crate) fn finish<B: Backend>(ctx: &Comm<B>, started: Started) {
 pub(crate) struct Leg<'a, B: Backend> {
     /// The peer rank.
     pub peer: usize,
-    /// One header per tensor.
-    pub headers: Vec<Header>,
+    /// One header per tensor, each from the collective's [`Seq`](crate::comm::context::Seq).
+    pub headers: Vec<Stamped>,
     /// The tensors to send (empty for a receive).
     pub tensors: &'a [Float<B>],
     /// The charges of the tensors sent, kept alive while a message waits to be taken.
@@ -336,9 +348,9 @@ pub(crate) fn exchange<B: Backend, R>(
 pub(crate) fn swap<B: Backend>(
     ctx: &Comm<B>,
     from: usize,
-    incoming: Vec<Header>,
+    incoming: Vec<Stamped>,
     to: usize,
-    outgoing: Vec<Header>,
+    outgoing: Vec<Stamped>,
     buffer: Vec<Float<B>>,
     held: Vec<Arc<Charge>>,
     elem: usize,

@@ -16,13 +16,12 @@
 //!
 //! Every exchange posts its receive before it starts its send (`crate::comm::p2p`), so the ring
 //! cannot deadlock on a transport that does not buffer. Every rank issues the same messages
-//! in the same order, and each message carries a [`Header`] the receiver checks, so diverged
-//! programs fail loudly instead of mixing data.
+//! in the same order, and each message carries a [`Header`](crate::comm::transport::Header)
+//! the receiver checks, so diverged programs fail loudly instead of mixing data.
 
-use crate::comm::context::Comm;
+use crate::comm::context::{Comm, Seq, Stamped};
 use crate::comm::p2p::{exchange, fence, swap, Leg, Received};
 use crate::comm::ring::Ring;
-use crate::comm::transport::Header;
 use crate::config::RotationMode;
 use crate::state::accounting::{transient, Category, Charge};
 use crate::state::accounting::{Float, Held};
@@ -34,17 +33,12 @@ use burn_rtp_kernels::ColumnError;
 use std::sync::Arc;
 
 /// Headers of the tensors of shard `j`'s bundle: one part number per tensor.
-fn headers(seq: u64, op: &'static str, j: usize, shapes: Vec<Vec<usize>>) -> Vec<Header> {
+fn headers(seq: Seq, op: &'static str, j: usize, shapes: Vec<Vec<usize>>) -> Vec<Stamped> {
     let k = shapes.len();
     shapes
         .into_iter()
         .enumerate()
-        .map(|(i, shape)| Header {
-            seq,
-            op: op.into(),
-            part: j * k + i,
-            shape,
-        })
+        .map(|(i, shape)| seq.header(op, j * k + i, shape))
         .collect()
 }
 

@@ -112,17 +112,9 @@ impl<I: RotationKernels> SimpleOptimizer<Rtp<I>> for FusedAdam {
         grad: Tensor<Rtp<I>, D>,
         state: Option<Self::State<D>>,
     ) -> (Tensor<Rtp<I>, D>, Option<Self::State<D>>) {
-        let fused = !self.amsgrad
-            && tensor
-                .clone()
-                .into_primitive()
-                .tensor()
-                .ctx
-                .comm
-                .config
-                .fused_optimizer;
-        if !fused {
-            return self.burn.step(lr, tensor, grad, state);
+        let param = primitive(tensor);
+        if self.amsgrad || !param.ctx.comm.config.fused_optimizer {
+            return self.burn.step(lr, wrap(param), grad, state);
         }
         let time = state.as_ref().map_or(0, |s| s.momentum.time) + 1;
         let step = AdamStep {
@@ -133,7 +125,7 @@ impl<I: RotationKernels> SimpleOptimizer<Rtp<I>> for FusedAdam {
             lr: lr as f32,
             time: time as i32,
         };
-        let (param, grad) = (primitive(tensor), primitive(grad));
+        let grad = primitive(grad);
         let moments = state.map(|s| {
             (
                 primitive(s.momentum.moment_1),

@@ -140,9 +140,18 @@ where
         // Inside the pool: the program runs on one of its threads, which becomes this rank's.
         let _current = enter_rank(&device);
         let outcome = catch_unwind(AssertUnwindSafe(|| {
-            device
+            let rank_ctx = device.clone();
+            let result = device
                 .agree(&device.config().shared_settings())
-                .map(|()| program(device))
+                .map(|()| program(device));
+            // The program may return while its rank's background worker still runs a
+            // collective it started and never waited for (FSDP's prefetch after an evaluation
+            // forward). It ends here, before the rank tells its peers it exited, and its
+            // failure fails the rank instead of vanishing with the worker.
+            if matches!(result, Ok(Ok(_))) {
+                rank_ctx.ctx.comm.wait_background();
+            }
+            result
         }));
         match outcome {
             Ok(Ok(Ok(value))) => Ok(value),

@@ -54,13 +54,28 @@ pub(crate) fn launch<R: CubeRuntime>(
     if units == 0 {
         return y;
     }
+    // Checked again here, in O(1), whatever the caller checked (see the GEMM's launch): the
+    // window inside `y`'s columns, `y` holding every row, the table as wide as the window.
+    let table_width = table.shape()[table.shape().num_dims() - 1];
+    assert!(
+        window.start + window.len <= columns
+            && y.shape().num_elements() >= rows * columns
+            && table_width == window.len,
+        "burn-rtp-kernels: an embedding gather of {rows} rows into columns {}..{} of {:?} from a \
+         table {:?}: a step was given a window its operands were not checked for",
+        window.start,
+        window.start + window.len,
+        y.shape().to_vec(),
+        table.shape().to_vec(),
+    );
     let client = y.client.clone();
     let cube_dim = CubeDim::new(&client, units);
     let cube_count = calculate_cube_count_elemwise(&client, units, cube_dim);
     let dtypes = [y.dtype.into(), indices.dtype.into()];
     count_fused_launch();
     // SAFETY: units past `rows × width` stop; `r < rows` indexes `indices`; `e` is checked
-    // against the table's rows; `start + c < columns` was checked by the entry point.
+    // against the table's rows; the assertion above checked `start + c < columns`, that `y`
+    // holds `rows × columns` elements and that the table's rows are `width` wide.
     unsafe {
         gather_window::launch_unchecked::<R>(
             &client,

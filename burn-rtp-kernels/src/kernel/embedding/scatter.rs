@@ -59,12 +59,22 @@ pub(crate) fn launch<R: CubeRuntime>(
     if window.len == 0 || rows == 0 {
         return out;
     }
+    // Checked again here, in O(1), whatever the caller checked (see the GEMM's launch).
+    assert!(
+        window.start + window.len <= columns && dy.shape().num_elements() >= rows * columns,
+        "burn-rtp-kernels: an embedding scatter of {rows} rows from columns {}..{} of {:?}: a \
+         step was given a window its operands were not checked for",
+        window.start,
+        window.start + window.len,
+        dy.shape().to_vec(),
+    );
     let cube_dim = CubeDim::new(&client, window.len);
     let cube_count = calculate_cube_count_elemwise(&client, window.len, cube_dim);
     let dtypes = [dy.dtype.into(), indices.dtype.into()];
     count_fused_launch();
     // SAFETY: `c < width` and `e < n_embeddings` bound every write; `r < rows` indexes
-    // `indices`; `start + c < columns` was checked by the entry point.
+    // `indices`; the assertion above checked `start + c < columns` and that `dy` holds
+    // `rows × columns` elements.
     unsafe {
         scatter_window::launch_unchecked::<R>(
             &client,

@@ -119,6 +119,16 @@ impl<R: CubeRuntime> Operand<R> {
         }
     }
 
+    /// Whether a `rows × cols` matrix at this operand's offset and strides lies inside its
+    /// tensor's elements: the last element it reaches is in the buffer (strides are not
+    /// negative, so every other one is too).
+    fn holds(&self, rows: usize, cols: usize) -> bool {
+        rows == 0
+            || cols == 0
+            || self.offset + (rows - 1) * self.rows + (cols - 1) * self.cols
+                < self.tensor.shape().num_elements()
+    }
+
     /// The same matrix read transposed.
     fn transposed(self) -> Self {
         Operand {
@@ -179,6 +189,27 @@ fn launch<R: CubeRuntime>(
     bias: Option<CubeTensor<R>>,
     sums: Option<&CubeTensor<R>>,
 ) {
+    // The kernel trusts its operands. The entry points checked them, but a step can be called
+    // with any `Window` by code holding a `Checked` (a backend's own `RotationKernels` impl
+    // receives one), so the launch checks again what the kernel relies on, in O(1): no
+    // window, however made, reaches memory outside the operands.
+    let in_bounds = a.holds(m, k)
+        && b.holds(k, n)
+        && c.holds(m, n)
+        && bias.as_ref().is_none_or(|t| t.shape().num_elements() >= n)
+        && sums.is_none_or(|t| t.shape().num_elements() >= n);
+    assert!(
+        in_bounds,
+        "burn-rtp-kernels: a fused GEMM of [{m}, {k}] by [{k}, {n}] was launched on operands \
+         that do not hold it (A {:?} from element {}, B {:?} from {}, C {:?} from {}): a step \
+         was given a window its operands were not checked for",
+        a.tensor.shape().to_vec(),
+        a.offset,
+        b.tensor.shape().to_vec(),
+        b.offset,
+        c.tensor.shape().to_vec(),
+        c.offset,
+    );
     let client = c.tensor.client.clone();
     // Which way each operand's elements are adjacent decides how units share out its loads
     // (every operand is a contiguous tensor, read straight or transposed).
@@ -220,8 +251,8 @@ fn launch<R: CubeRuntime>(
     let sums = sums.cloned().unwrap_or_else(|| c.tensor.clone());
     count_fused_launch();
     // SAFETY: every index the kernel forms is guarded by `r < m`, `col < n`, `kk < k`, and
-    // the caller checked that each operand's `m × k`, `k × n` or `m × n` matrix at its offset
-    // and strides lies inside its buffer.
+    // the assertion above checked that each operand's `m × k`, `k × n` or `m × n` matrix at
+    // its offset and strides lies inside its buffer, and the bias and sums hold `n`.
     unsafe {
         gemm_window::launch_unchecked::<R>(
             &client,
