@@ -35,8 +35,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
 # One feature set and one package set for every cargo call, so Burn is built once.
-PKGS=(-p burn-rtp-kernels -p burn-rtp -p burn-rtp-examples)
-FEATURES=burn-rtp-kernels/cuda,burn-rtp/cuda,burn-rtp-examples/cuda
+PKGS=(-p burn-rtp-kernels -p burn-rtp -p burn-rtp-gpt)
+FEATURES=burn-rtp-kernels/cuda,burn-rtp/cuda,burn-rtp-gpt/cuda
 JOBS=$(nproc)
 export CUDARC_CUDA_VERSION=${CUDARC_CUDA_VERSION:-13000}
 
@@ -76,7 +76,7 @@ for line in sys.stdin:
   pack gpt "$(pick example gpt examples <"$tmp/gpt.json")"
   # The NCCL trainer links Open MPI's libmpi: built only where Open MPI's headers are.
   if command -v mpicc >/dev/null; then
-    cargo build --release "${PKGS[@]}" --features "$FEATURES,burn-rtp-examples/nccl" --example gpt "${json[@]}" >"$tmp/gpt-nccl.json" || exit 1
+    cargo build --release "${PKGS[@]}" --features "$FEATURES,burn-rtp-gpt/nccl" --example gpt "${json[@]}" >"$tmp/gpt-nccl.json" || exit 1
     pack gpt-nccl "$(pick example gpt examples <"$tmp/gpt-nccl.json")"
   fi
   local commit
@@ -247,7 +247,7 @@ MISSING=$(nccl_missing)
 if [ -z "$MISSING" ]; then
   BUILD_NCCL=
   if [ -z "$PREBUILT" ]; then
-    BUILD_NCCL="cargo build --release -j $JOBS ${PKGS[*]} --features $FEATURES,burn-rtp-examples/nccl --example gpt &&"
+    BUILD_NCCL="cargo build --release -j $JOBS ${PKGS[*]} --features $FEATURES,burn-rtp-gpt/nccl --example gpt &&"
     GPT_NCCL=$GPT
   fi
   stage "NCCL transport at N = 1 under mpirun" nccl.log bash -c "$BUILD_NCCL

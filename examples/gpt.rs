@@ -6,9 +6,9 @@
 //! Under MPI (cargo feature `mpi`): `mpirun -np 4 target/release/examples/gpt`
 
 use burn_rtp::{human_bytes, ActivationCheckpointing, MpiProgress, RotationMode, TransportKind};
-use burn_rtp_examples::checkpoint::consolidate_checkpoint;
-use burn_rtp_examples::trainer::StepEvent;
-use burn_rtp_examples::{
+use burn_rtp_gpt::checkpoint::consolidate_checkpoint;
+use burn_rtp_gpt::trainer::StepEvent;
+use burn_rtp_gpt::{
     train, GptConfig, LrSchedule, Progress, Report, Strategy, TrainConfig, TrainOutcome,
 };
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -406,8 +406,7 @@ fn plan(budget: &str, batch: usize, max_ranks: usize, model: &ModelArgs) -> Exit
     let plan_config = burn_rtp::PlanConfig::default()
         .with_shard_threshold(threshold)
         .with_batch(batch);
-    let planner =
-        burn_rtp_examples::plan::probe_gpt::<burn::backend::NdArray>(&config, plan_config);
+    let planner = burn_rtp_gpt::plan::probe_gpt::<burn::backend::NdArray>(&config, plan_config);
     spinner.finish_and_clear();
     let planner = match planner {
         Ok(p) => p,
@@ -516,7 +515,7 @@ fn without_flag(args: &[String], name: &str) -> Vec<String> {
 /// `gpt supervise`: runs `command`, and after each failure starts it again from the newest
 /// complete checkpoint under its `--checkpoint-dir`, with `--steps` cut to the same last step.
 fn supervise(max_restarts: usize, command: &[String]) -> ExitCode {
-    use burn_rtp_examples::checkpoint::Checkpoint;
+    use burn_rtp_gpt::checkpoint::Checkpoint;
     let Some(root) = flag_value(command, "--checkpoint-dir").map(PathBuf::from) else {
         eprintln!(
             "error: the supervised command needs --checkpoint-dir: a restart resumes from it"
@@ -546,7 +545,7 @@ fn supervise(max_restarts: usize, command: &[String]) -> ExitCode {
     for attempt in 0..=max_restarts {
         let status = std::process::Command::new(&args[0])
             .args(&args[1..])
-            .env(burn_rtp_examples::restart::ATTEMPT, attempt.to_string())
+            .env(burn_rtp_gpt::restart::ATTEMPT, attempt.to_string())
             .status();
         let why = match status {
             Ok(s) if s.success() => {
@@ -566,7 +565,7 @@ fn supervise(max_restarts: usize, command: &[String]) -> ExitCode {
             return ExitCode::FAILURE;
         }
         let start = flag_value(command, "--resume").map(PathBuf::from);
-        let (resume, from) = burn_rtp_examples::restart::resume_point(&root, start, first_step);
+        let (resume, from) = burn_rtp_gpt::restart::resume_point(&root, start, first_step);
         eprintln!(
             "restart {} of {max_restarts}: {why}; resuming from step {from} ({})",
             attempt + 1,
@@ -655,7 +654,7 @@ fn main() -> ExitCode {
         (TransportKind::InProcess, _) if single => (1, true),
         (TransportKind::InProcess, _) => (a.ranks.unwrap_or(4), true),
     };
-    let stop = match burn_rtp_examples::stop_on_signals() {
+    let stop = match burn_rtp_gpt::stop_on_signals() {
         Ok(stop) => stop,
         Err(e) => {
             eprintln!("error: cannot install the SIGINT/SIGTERM handler: {e}");

@@ -5,7 +5,7 @@
 use crate::planner_check::{self, PlanPoint, PlanRow};
 use crate::{median, Case, Driver, Variant};
 use burn_rtp::{human_bytes, ActivationCheckpointing, MemoryStats};
-use burn_rtp_examples::GptConfig;
+use burn_rtp_gpt::GptConfig;
 use serde::Serialize;
 use serde_json::{json, Value};
 

@@ -2,10 +2,12 @@
 //! which target, one renderer for those tables, and the generated blocks of `README.md` and
 //! `docs/performance.md`.
 //!
-//! A report writes its headline figures as top-level keys of its `report.json`. The tables
-//! below are the only place that names those keys and their targets: the reports' markdown,
-//! their key checks and the documentation's blocks are all read from them, so a figure in the
-//! README is the figure the committed report holds.
+//! A report computes its headline figures and writes them as top-level keys of its
+//! `report.json` (the MPI report builds some of those keys from the config and rank count).
+//! The tables below are the only place that says what each key means and what it must reach:
+//! the reports' markdown, their key checks (a report missing a key fails) and the
+//! documentation's blocks are all read from them, so a figure in the README is the figure the
+//! committed report holds.
 
 use burn_rtp::human_bytes;
 use serde::Deserialize;
@@ -162,7 +164,7 @@ pub const MPI_PYTORCH: &[Figure] = &[
 pub const MPI: &[Figure] = &[
     fig(
         "mpi_rtp_over_ddp_rss_b_n4",
-        "RTP / DDP peak RSS per process, config B, N=4",
+        "RTP / DDP (bucketed, its default) peak RSS per process, config B, N=4",
         Bound::AtMost(0.40),
     ),
     fig(
@@ -550,7 +552,7 @@ pub fn headline_block(in_process: &Value, mpi: &Value) -> String {
             "memory_scaling_efficiency_n8",
         ),
         (
-            "peak RSS per process, RTP / DDP, config B, N=4 (MPI)",
+            "peak RSS per process, RTP / DDP (bucketed, its default), config B, N=4 (MPI)",
             mpi,
             "mpi_rtp_over_ddp_rss_b_n4",
         ),

@@ -28,8 +28,8 @@ use burn_rtp::{
     ActivationCheckpointing, MemoryStats, RotationKernels, RotationMode, Rtp, RtpError,
     RtpOptimizer, Strategy,
 };
-use burn_rtp_examples::data::{Corpus, Windows};
-use burn_rtp_examples::{Gpt, GptConfig};
+use burn_rtp_gpt::data::{Corpus, Windows};
+use burn_rtp_gpt::{Gpt, GptConfig};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Mutex;
 use std::thread::JoinHandle;
@@ -163,7 +163,7 @@ pub struct Case {
 
 /// The two benchmark models.
 pub mod models {
-    use burn_rtp_examples::GptConfig;
+    use burn_rtp_gpt::GptConfig;
 
     /// A small model, where activations and overheads matter.
     pub fn small() -> GptConfig {

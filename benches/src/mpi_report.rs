@@ -17,8 +17,8 @@ use burn_rtp::timeline::IntervalKind;
 use burn_rtp::{
     human_bytes, ActivationCheckpointing, MpiProgress, RotationKernels, Rtp, RtpOptimizer,
 };
-use burn_rtp_examples::data::{Corpus, Windows};
-use burn_rtp_examples::{Gpt, GptConfig};
+use burn_rtp_gpt::data::{Corpus, Windows};
+use burn_rtp_gpt::{Gpt, GptConfig};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
@@ -1031,7 +1031,7 @@ pub fn planner_rows(
     for p in grid {
         let b = p.batch_per_rank;
         let plan_config = burn_rtp::PlanConfig::default().with_batch(b);
-        let planner = burn_rtp_examples::plan::probe_gpt::<NdArray>(&p.model, plan_config)?;
+        let planner = burn_rtp_gpt::plan::probe_gpt::<NdArray>(&p.model, plan_config)?;
         // The planner plans the default DDP (with buckets); the unbucketed one is a baseline.
         for variant in STRATEGIES.into_iter().filter(|v| v.buckets) {
             let prediction = planner.predict(variant.strategy, variant.rotation, p.ranks, b);

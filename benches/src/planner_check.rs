@@ -3,7 +3,7 @@
 
 use crate::{Case, Driver, Variant};
 use burn_rtp::{human_bytes, ActivationCheckpointing, PlanConfig};
-use burn_rtp_examples::GptConfig;
+use burn_rtp_gpt::GptConfig;
 use serde::Serialize;
 use std::path::Path;
 
@@ -99,8 +99,7 @@ pub fn run(
     for p in grid {
         let b = p.batch_per_rank;
         let config = PlanConfig::default().with_batch(b);
-        let planner =
-            burn_rtp_examples::plan::probe_gpt::<burn::backend::NdArray>(&p.model, config)?;
+        let planner = burn_rtp_gpt::plan::probe_gpt::<burn::backend::NdArray>(&p.model, config)?;
         for (strategy, rotation) in burn_rtp::plan::PLANNED {
             let v = Variant::of(strategy, rotation);
             let predicted = planner.predict_with(checkpointing, strategy, rotation, p.ranks, b);

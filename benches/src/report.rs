@@ -3,7 +3,7 @@
 
 use crate::{median, Case, Driver, Variant};
 use burn_rtp::{human_bytes, ActivationCheckpointing, MemoryStats, RtpError};
-use burn_rtp_examples::GptConfig;
+use burn_rtp_gpt::GptConfig;
 use serde::Serialize;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};

@@ -4,10 +4,10 @@
 mod common;
 
 use burn::backend::NdArray;
-use burn_rtp_examples::checkpoint::{
+use burn_rtp_gpt::checkpoint::{
     consolidate_checkpoint, load_consolidated, Checkpoint, CheckpointError,
 };
-use burn_rtp_examples::{train, DataError, Strategy, TrainError};
+use burn_rtp_gpt::{train, DataError, Strategy, TrainError};
 use common::*;
 
 #[test]
@@ -236,7 +236,7 @@ fn a_checkpoint_resumes_bit_exactly_under_the_other_activation_checkpointing_set
     );
     assert_eq!(last.report.final_val_loss, straight.report.final_val_loss);
     // The final parameters, consolidated and read into single-device Burn, to the bit.
-    let values = |run: &burn_rtp_examples::TrainOutcome, name: &str| -> Vec<Vec<f32>> {
+    let values = |run: &burn_rtp_gpt::TrainOutcome, name: &str| -> Vec<Vec<f32>> {
         use burn::module::{Module, ModuleVisitor, Param};
         use burn::tensor::Tensor;
         struct Values(Vec<Vec<f32>>);

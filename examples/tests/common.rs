@@ -5,8 +5,8 @@ use burn::backend::{Autodiff, NdArray};
 use burn::module::AutodiffModule;
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::tensor::ElementConversion;
-use burn_rtp_examples::data::{Corpus, Windows};
-use burn_rtp_examples::{GptConfig, Strategy, TrainConfig};
+use burn_rtp_gpt::data::{Corpus, Windows};
+use burn_rtp_gpt::{GptConfig, Strategy, TrainConfig};
 
 pub type Plain = Autodiff<NdArray>;
 
@@ -57,9 +57,8 @@ pub fn reference_losses(cfg: &TrainConfig, init: &std::path::Path) -> Vec<f64> {
     let device = Default::default();
     let corpus = Corpus::load(None, cfg.model.seq).unwrap();
     let mut model =
-        burn_rtp_examples::checkpoint::load_consolidated::<Plain>(init, &cfg.model, &device)
-            .unwrap();
-    let mut optim = AdamConfig::new().init::<Plain, burn_rtp_examples::Gpt<Plain>>();
+        burn_rtp_gpt::checkpoint::load_consolidated::<Plain>(init, &cfg.model, &device).unwrap();
+    let mut optim = AdamConfig::new().init::<Plain, burn_rtp_gpt::Gpt<Plain>>();
     let mut losses = Vec::new();
     for step in 0..cfg.steps {
         let (x, y) = Windows::train(&corpus, cfg.seed, step, 0..cfg.batch, cfg.model.seq)
@@ -74,7 +73,7 @@ pub fn reference_losses(cfg: &TrainConfig, init: &std::path::Path) -> Vec<f64> {
 }
 
 /// Validation loss of a single-device model, as the trainer computes it.
-pub fn reference_val_loss(cfg: &TrainConfig, model: &burn_rtp_examples::Gpt<NdArray>) -> f64 {
+pub fn reference_val_loss(cfg: &TrainConfig, model: &burn_rtp_gpt::Gpt<NdArray>) -> f64 {
     let device = Default::default();
     let corpus = Corpus::load(None, cfg.model.seq).unwrap();
     let total = cfg.batch * cfg.eval_batches;
@@ -92,7 +91,7 @@ pub fn initial_weights(cfg: &TrainConfig, dir: &std::path::Path) -> std::path::P
     let path = dir.join("init.mpk");
     let device = Default::default();
     let model = cfg.model.init::<NdArray>(&device);
-    burn_rtp_examples::checkpoint::save_full(model, &path).unwrap();
+    burn_rtp_gpt::checkpoint::save_full(model, &path).unwrap();
     path
 }
 
@@ -105,7 +104,7 @@ pub fn rel_close(a: f64, b: f64, tol: f64) -> bool {
 pub fn gpt_binary() -> std::path::PathBuf {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut cmd = std::process::Command::new(cargo);
-    cmd.args(["build", "-q", "-p", "burn-rtp-examples", "--example", "gpt"]);
+    cmd.args(["build", "-q", "-p", "burn-rtp-gpt", "--example", "gpt"]);
     if cfg!(feature = "mpi") {
         cmd.args(["--features", "mpi"]);
     }
@@ -394,7 +393,7 @@ pub fn assert_resumes_exactly(
         let out = cmd.output().unwrap();
         assert!(out.status.success(), "{out:?}");
         let text = std::fs::read_to_string(dir.join(report)).unwrap();
-        serde_json::from_str::<burn_rtp_examples::Report>(&text)
+        serde_json::from_str::<burn_rtp_gpt::Report>(&text)
             .unwrap()
             .losses
     };
@@ -411,7 +410,7 @@ pub fn assert_resumes_exactly(
 #[cfg(feature = "mpi")]
 pub mod mpi {
     use super::tiny;
-    use burn_rtp_examples::{train, GptConfig, Report, TrainConfig};
+    use burn_rtp_gpt::{train, GptConfig, Report, TrainConfig};
     use std::path::{Path, PathBuf};
     use std::process::{Child, Command, Output};
     use std::time::{Duration, Instant};

@@ -17,7 +17,7 @@
 //! file whole, a rename...). Each campaign raises `K` until a run ends without reaching it,
 //! and prints how many points it killed at. The campaigns take a minute or two, so they are
 //! ignored by `cargo test --workspace`; CI runs them:
-//! `cargo test -p burn-rtp-examples --features mpi --test crash -- --ignored --nocapture`.
+//! `cargo test -p burn-rtp-gpt --features mpi --test crash -- --ignored --nocapture`.
 
 mod common;
 

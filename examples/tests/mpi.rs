@@ -8,7 +8,7 @@
 mod common;
 
 use burn_rtp::RotationMode;
-use burn_rtp_examples::{train, Strategy};
+use burn_rtp_gpt::{train, Strategy};
 use common::mpi::{
     child_config, losses, losses_on, mpi_rank, pids, read_report, text, wait_at_most, STEPS,
 };

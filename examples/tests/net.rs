@@ -8,7 +8,7 @@
 mod common;
 
 use burn_rtp::RotationMode;
-use burn_rtp_examples::Strategy;
+use burn_rtp_gpt::Strategy;
 use common::mpi::{losses, pids, read_report, text, wait_at_most, STEPS};
 use common::tiny;
 use std::path::{Path, PathBuf};

@@ -4,7 +4,7 @@
 mod common;
 
 use burn::backend::NdArray;
-use burn_rtp_examples::{train, GptConfig, TrainConfig};
+use burn_rtp_gpt::{train, GptConfig, TrainConfig};
 use common::*;
 use std::process::Command;
 
@@ -71,7 +71,7 @@ fn the_recommendation_fits_when_trained() {
     let config = burn_rtp::PlanConfig::default()
         .with_shard_threshold(0)
         .with_batch(per_rank);
-    let planner = burn_rtp_examples::plan::probe_gpt::<NdArray>(&model, config).unwrap();
+    let planner = burn_rtp_gpt::plan::probe_gpt::<NdArray>(&model, config).unwrap();
     assert!(planner.plans_checkpointing());
     let best = |ac, n: usize| {
         burn_rtp::plan::PLANNED

@@ -3,8 +3,8 @@
 mod common;
 
 use burn::backend::NdArray;
-use burn_rtp_examples::report::REPORT_KEYS;
-use burn_rtp_examples::{train, Strategy};
+use burn_rtp_gpt::report::REPORT_KEYS;
+use burn_rtp_gpt::{train, Strategy};
 use common::*;
 
 #[test]

@@ -10,9 +10,9 @@ use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::tensor::{ElementConversion, Tensor};
 use burn_rtp::{RotationMode, RtpError};
-use burn_rtp_examples::data::{Corpus, Windows};
-use burn_rtp_examples::trainer::StepEvent;
-use burn_rtp_examples::{train, Gpt, Progress, Strategy, TrainConfig, TrainError};
+use burn_rtp_gpt::data::{Corpus, Windows};
+use burn_rtp_gpt::trainer::StepEvent;
+use burn_rtp_gpt::{train, Gpt, Progress, Strategy, TrainConfig, TrainError};
 use common::*;
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -56,8 +56,7 @@ fn clipped_reference(cfg: &TrainConfig, init: &Path, max: f32) -> (Vec<f64>, Vec
     let device = Default::default();
     let corpus = Corpus::load(None, cfg.model.seq).unwrap();
     let mut model =
-        burn_rtp_examples::checkpoint::load_consolidated::<Plain>(init, &cfg.model, &device)
-            .unwrap();
+        burn_rtp_gpt::checkpoint::load_consolidated::<Plain>(init, &cfg.model, &device).unwrap();
     let mut optim = AdamConfig::new().init::<Plain, Gpt<Plain>>();
     let (mut losses, mut norms) = (Vec::new(), Vec::new());
     for step in 0..cfg.steps {

@@ -5,7 +5,7 @@ mod common;
 
 use burn::backend::NdArray;
 use burn_rtp::RotationMode;
-use burn_rtp_examples::{train, Strategy};
+use burn_rtp_gpt::{train, Strategy};
 use common::*;
 
 fn check(strategy: Strategy, ranks: usize, rotation: RotationMode) {

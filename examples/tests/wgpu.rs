@@ -1,14 +1,14 @@
 //! Every strategy on a cubecl backend (wgpu; on CPU machines, Mesa's lavapipe) trains like
 //! single-device NdArray. Ranks are threads with their own GPU streams, so this also checks
 //! that shards handed between ranks are synchronised.
-//! Run with `cargo test -p burn-rtp-examples --features wgpu --test wgpu`.
+//! Run with `cargo test -p burn-rtp-gpt --features wgpu --test wgpu`.
 #![cfg(feature = "wgpu")]
 
 mod common;
 
 use burn::backend::Wgpu;
 use burn_rtp::RotationMode;
-use burn_rtp_examples::{train, Strategy};
+use burn_rtp_gpt::{train, Strategy};
 use common::*;
 
 #[test]

@@ -6,7 +6,7 @@
 //!
 //! * **Data.** The dataset is the list of step indices. A batch of one index becomes this
 //!   rank's slice of that step's global batch, cut exactly as the hand-written loop
-//!   ([`burn_rtp_examples::train`]) cuts it, so both train on the same data in the same order and give
+//!   ([`burn_rtp_gpt::train`]) cuts it, so both train on the same data in the same order and give
 //!   the same losses.
 //! * **Global loss.** The train and validation steps put the mean of the ranks' losses into
 //!   their output (one scalar all-reduce, on the rank's thread), so the metrics report the
@@ -35,9 +35,9 @@ use burn::train::renderer::{
 use burn::train::{ExecutionStrategy, Learner, SupervisedTraining};
 use burn_rtp::checkpoint::RankRecorder;
 use burn_rtp::{RotationKernels, Rtp, RtpConfig, RtpDevice, RtpOptimizer};
-use burn_rtp_examples::data::{Corpus, Windows};
-use burn_rtp_examples::learner_steps::{GptBatch, LearnerBackend};
-use burn_rtp_examples::model::{Gpt, GptConfig};
+use burn_rtp_gpt::data::{Corpus, Windows};
+use burn_rtp_gpt::learner_steps::{GptBatch, LearnerBackend};
+use burn_rtp_gpt::model::{Gpt, GptConfig};
 use std::collections::HashMap;
 use std::marker::PhantomData;
 use std::path::PathBuf;

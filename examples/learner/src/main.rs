@@ -3,7 +3,7 @@
 //!
 //! `cargo run --release -p burn-rtp-learner -- --ranks 4 --epochs 2 --steps-per-epoch 50`
 
-use burn_rtp_examples::GptConfig;
+use burn_rtp_gpt::GptConfig;
 use burn_rtp_learner::{train_with_learner, InnerBackend, LearnerConfig};
 use clap::Parser;
 use std::process::ExitCode;

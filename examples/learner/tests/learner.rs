@@ -6,7 +6,7 @@ mod common;
 
 use burn::backend::{Flex, NdArray};
 use burn_rtp::checkpoint::{step_dir, Checkpoint};
-use burn_rtp_examples::{train, Strategy};
+use burn_rtp_gpt::{train, Strategy};
 use burn_rtp_learner::{
     checkpoint_root, train_with_learner, InnerBackend, LearnerConfig, LearnerError,
 };

@@ -1,0 +1,297 @@
+//! The prediction: each rank's model state, in-flight buffers and peak at any world size,
+//! from the shapes, the placement policy and the probe.
+
+use super::*;
+
+impl Planner {
+    /// Rank 0's parameter bytes under `strategy` at `world` ranks (one copy: the parameter).
+    pub fn param_bytes(&self, strategy: Strategy, world: usize) -> u64 {
+        param_bytes(
+            &self.shapes,
+            self.elem,
+            strategy,
+            world,
+            self.config.shard_threshold,
+        )
+    }
+
+    /// Rank 0's model state: parameters, gradients and optimizer state, to the byte.
+    pub fn model_state(&self, strategy: Strategy, world: usize) -> u64 {
+        self.param_bytes(strategy, world) * (2 + self.config.optimizer_copies as u64)
+    }
+
+    /// Rank 0's peak in-flight bytes: the largest of [`Self::buffers`]'s three moments.
+    pub fn in_flight(&self, strategy: Strategy, world: usize) -> u64 {
+        let b = self.buffers(strategy, world);
+        b.forward.max(b.backward).max(b.update)
+    }
+
+    /// Rank 0's in-flight bytes at the two moments that can make the peak (see the module
+    /// docs for the rule of each strategy), without activation checkpointing.
+    pub fn buffers(&self, strategy: Strategy, world: usize) -> Buffers {
+        self.buffers_of(strategy, world, &self.split)
+    }
+
+    /// [`Self::buffers`] where the weights of shapes `split` run their backward as two
+    /// passes (dX with the weight rotating, then dW travelling on its own), as the probe saw.
+    fn buffers_of(&self, strategy: Strategy, world: usize, split: &[Shape]) -> Buffers {
+        if world == 1 {
+            return Buffers::default();
+        }
+        let t = self.config.shard_threshold;
+        let sharded = |s: &Shape| placement(strategy, s, world, t).is_some();
+        let full = |s: &Shape| (s.num_elements() * self.elem) as u64;
+        let shard = |s: &Shape| rank0_shard_bytes(s, world, self.elem);
+        // A layer's bundle: a weight of two or more dimensions and the bias after it; the
+        // largest among the layers `keep` accepts.
+        let largest = |size: &dyn Fn(&Shape) -> u64, keep: &dyn Fn(&Shape) -> bool| -> u64 {
+            let mut best = 0;
+            for (i, s) in self.shapes.iter().enumerate() {
+                if s.num_dims() < 2 || !sharded(s) || !keep(s) {
+                    continue;
+                }
+                let mut bytes = size(s);
+                if let Some(bias) = self.shapes.get(i + 1) {
+                    let last = s[s.num_dims() - 1];
+                    if bias.num_dims() == 1 && bias[0] == last && sharded(bias) {
+                        bytes += size(bias);
+                    }
+                }
+                best = best.max(bytes);
+            }
+            best
+        };
+        let bundles = |size: &dyn Fn(&Shape) -> u64| largest(size, &|_| true);
+        match strategy {
+            Strategy::Rtp => {
+                let bundle = bundles(&shard);
+                let is_split = |s: &Shape| split.contains(s);
+                let whole = largest(&shard, &|s| !is_split(s));
+                let halves = largest(&shard, &is_split);
+                // Forward: the bundle computed on and the next one arriving. Backward: those
+                // two, the travelling gradient and the next one; at N = 2 the first bundle on
+                // hand is the rank's own (model state). With rendezvous sends (the in-process
+                // default, and MPI's protocol for large messages) no sent bundle outlives its
+                // exchange; buffered in-process sends let a rank run ahead and keep several,
+                // as many as the scheduling allows, which this rule does not model. A layer
+                // whose backward runs as two passes (its input recomputed under activation
+                // checkpointing) holds two at a time: the rotating bundles for dX, then the
+                // travelling gradients for dW.
+                Buffers {
+                    forward: 2 * bundle,
+                    backward: (if world == 2 { 3 } else { 4 } * whole).max(2 * halves),
+                    update: 0,
+                }
+            }
+            Strategy::Fsdp => {
+                // Forward: a layer's gathered weight and bias while it computes (the next
+                // layer's, gathered ahead, replaces it as the last layer's output becomes the
+                // activations' peak). Backward: those, while the parts of the next gather (or
+                // the chunks of the gradient's reduce-scatter) arrive, and the next weight
+                // gathered ahead. The backward gathers a weight for dX in every layer but the
+                // first (whose input is the data), so it has a next weight to gather ahead
+                // only in a model of three weights or more.
+                let full = bundles(&full);
+                let weights = self
+                    .shapes
+                    .iter()
+                    .filter(|s| s.num_dims() >= 2 && sharded(s))
+                    .count();
+                let ahead = if weights >= 3 { full } else { 0 };
+                Buffers {
+                    forward: full,
+                    backward: (full as f64 * (2.0 - 1.0 / world as f64)).round() as u64 + ahead,
+                    update: 0,
+                }
+            }
+            Strategy::Ddp if self.config.ddp_bucket_bytes > 0 => {
+                // With buckets, the step starts with the sum of every bucketed gradient beside
+                // the gradient itself (each one at least N elements; the few others, such as
+                // LayerNorm gains, are counted too, a slight overestimate), while the last
+                // bucket's chunks arrive.
+                let bucketed: u64 = self
+                    .shapes
+                    .iter()
+                    .filter(|s| s.num_elements() >= world)
+                    .map(full)
+                    .sum();
+                let last = bucketed.min(self.config.ddp_bucket_bytes as u64);
+                Buffers {
+                    forward: 0,
+                    backward: 0,
+                    update: bucketed + last.div_ceil(world as u64),
+                }
+            }
+            Strategy::Ddp => {
+                // The update all-reduces each gradient in chunks of 1/N, one in flight at a
+                // time (a received chunk is copied into its window of the sum, not into a
+                // block of its own), and assembles its sum in a full-size buffer.
+                let largest = self.shapes.iter().map(full).max().unwrap_or(0);
+                Buffers {
+                    forward: 0,
+                    backward: 0,
+                    update: largest.div_ceil(world as u64) + largest,
+                }
+            }
+        }
+    }
+
+    /// Rank 0's predicted peak under `strategy` at `world` ranks with `batch` samples per rank,
+    /// without activation checkpointing.
+    pub fn predict(
+        &self,
+        strategy: Strategy,
+        rotation: RotationMode,
+        world: usize,
+        batch: usize,
+    ) -> Prediction {
+        self.predict_with(
+            ActivationCheckpointing::None,
+            strategy,
+            rotation,
+            world,
+            batch,
+        )
+    }
+
+    /// [`Planner::predict`] under `checkpointing`.
+    ///
+    /// # Panics
+    /// If `checkpointing` is on and [`Planner::with_checkpointed_probe`] did not run (see
+    /// [`Planner::plans_checkpointing`]).
+    pub fn predict_with(
+        &self,
+        checkpointing: ActivationCheckpointing,
+        strategy: Strategy,
+        rotation: RotationMode,
+        world: usize,
+        batch: usize,
+    ) -> Prediction {
+        assert!(world > 0, "a world has at least one rank");
+        let probe = self.probe_with(checkpointing, strategy).unwrap_or_else(|| {
+            panic!(
+                "planning {strategy} at N={world} with {checkpointing} activation checkpointing: \
+                 that was not probed (Planner::with_checkpointed_probe)"
+            )
+        });
+        let params = self.param_bytes(strategy, world) as f64;
+        let split = match (checkpointing, &self.checkpointed) {
+            (ActivationCheckpointing::Balanced, Some((_, split))) => split,
+            _ => &self.split,
+        };
+        let buffers = self.buffers_of(strategy, world, split);
+        let share = params / self.param_bytes(Strategy::Ddp, 1).max(1) as f64;
+        // The probe's local bytes at a batch of zero are weight-sized temporaries (gradient
+        // contributions, gathered copies), which shrink with the rank's share of the model.
+        let local = |line: &PerSample| {
+            (line.fixed * share + line.per_sample * batch as f64)
+                .max(0.0)
+                .round() as u64
+        };
+        let resident = (params * (1 + self.config.optimizer_copies) as f64).round() as u64;
+        let activations = local(&probe.local_peak);
+        let per_sample = (probe.local_peak.per_sample * batch as f64)
+            .max(0.0)
+            .round() as u64;
+        // The three moments that can make the peak: the end of the forward pass (all
+        // activations, the last layer's buffers), the start of the backward pass (the
+        // activations without the weight-sized temporaries, the backward's buffers), and
+        // the update (what the probe saw then, scaled).
+        let forward = resident + activations + buffers.forward;
+        let backward = resident + per_sample + buffers.backward;
+        let update = (probe.update.state * params).round() as u64
+            + local(&probe.update.local)
+            + buffers.update;
+        Prediction {
+            strategy,
+            rotation,
+            activation_checkpointing: checkpointing,
+            world,
+            batch,
+            model_state: self.model_state(strategy, world),
+            activations,
+            in_flight: buffers.forward.max(buffers.backward).max(buffers.update),
+            total: forward.max(backward).max(update),
+        }
+    }
+
+    /// Every planned strategy at every world size in `worlds`, without checkpointing and,
+    /// once probed, with it.
+    pub fn table(&self, worlds: &[usize], batch: usize) -> Vec<Prediction> {
+        worlds
+            .iter()
+            .flat_map(|&n| {
+                self.checkpointings()
+                    .into_iter()
+                    .flat_map(move |ac| PLANNED.map(|(s, r)| self.predict_with(ac, s, r, n, batch)))
+            })
+            .collect()
+    }
+
+    /// The smallest world, up to `max_world`, at which some strategy's predicted peak fits
+    /// `budget` bytes per rank, with that strategy (the first to fit in [`PLANNED`] order).
+    /// Activation checkpointing, when probed, is chosen only where nothing fits at that world
+    /// without it.
+    pub fn recommend(
+        &self,
+        budget: u64,
+        batch: usize,
+        max_world: usize,
+    ) -> Result<Prediction, PlanError> {
+        if max_world == 0 {
+            return Err(PlanError::Config(
+                "the largest world must be at least 1".into(),
+            ));
+        }
+        let at = |world: usize| {
+            self.checkpointings().into_iter().flat_map(move |ac| {
+                PLANNED
+                    .iter()
+                    .map(move |&(s, r)| self.predict_with(ac, s, r, world, batch))
+            })
+        };
+        for world in 1..=max_world {
+            if let Some(p) = at(world).find(|p| p.total <= budget) {
+                return Ok(p);
+            }
+        }
+        let best = at(max_world)
+            .min_by_key(|p| p.total)
+            .expect("strategies are planned");
+        Err(PlanError::NothingFits {
+            budget,
+            max_world,
+            best,
+        })
+    }
+}
+
+/// Rank 0's bytes of one copy of every parameter.
+pub(super) fn param_bytes(
+    shapes: &[Shape],
+    elem: usize,
+    strategy: Strategy,
+    world: usize,
+    threshold: usize,
+) -> u64 {
+    shapes
+        .iter()
+        .map(|s| {
+            let n = s.num_elements();
+            if placement(strategy, s, world, threshold).is_some() {
+                rank0_shard_bytes(s, world, elem)
+            } else {
+                (n * elem) as u64
+            }
+        })
+        .sum()
+}
+
+/// Bytes of rank 0's shard (the largest) of a parameter of `shape` split over `world` ranks.
+pub(super) fn rank0_shard_bytes(shape: &Shape, world: usize, elem: usize) -> u64 {
+    let spec = ShardSpec {
+        full: shape.clone(),
+        world,
+    };
+    (spec.shard_shape(0).num_elements() * elem) as u64
+}
