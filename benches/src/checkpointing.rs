@@ -120,7 +120,7 @@ pub fn run(settings: &Settings, log: &dyn Fn(&str)) -> Result<Section, Box<dyn s
             }
         }
         for (i, (ac, d)) in drivers.iter_mut().enumerate() {
-            let peak = crate::report::worst(&d.peaks()?);
+            let peak = d.worst_peak()?;
             let exchanges = d.exchanges_per_step(1)?;
             let s = &samples[i];
             log(&format!(

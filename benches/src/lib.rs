@@ -396,6 +396,20 @@ impl Driver {
         }))
     }
 
+    /// The largest peak of any rank since the last reset, category by category (each
+    /// category's maximum over the ranks, and the largest total).
+    pub fn worst_peak(&mut self) -> Result<MemoryStats, RtpError> {
+        Ok(self
+            .peaks()?
+            .iter()
+            .fold(MemoryStats::default(), |a, p| MemoryStats {
+                sharded: a.sharded.max(p.sharded),
+                local: a.local.max(p.local),
+                in_flight: a.in_flight.max(p.in_flight),
+                total: a.total.max(p.total),
+            }))
+    }
+
     /// Exchanges with other ranks (each one a synchronisation) per training step, counted
     /// over `k` steps on rank 0 (every rank makes the same ones).
     pub fn exchanges_per_step(&mut self, k: usize) -> Result<f64, RtpError> {

@@ -2,7 +2,7 @@
 //! under a memory cap, and transfer/compute overlap, measured side by side in one run.
 
 use crate::{median, Case, Driver, Variant};
-use burn_rtp::{human_bytes, ActivationCheckpointing, MemoryStats, RtpError};
+use burn_rtp::{human_bytes, ActivationCheckpointing, RtpError};
 use burn_rtp_gpt::GptConfig;
 use serde::Serialize;
 use serde_json::{json, Value};
@@ -213,17 +213,6 @@ struct CapacityRow {
     d_model: usize,
     layers: usize,
     params: usize,
-}
-
-pub(crate) fn worst(peaks: &[MemoryStats]) -> MemoryStats {
-    peaks
-        .iter()
-        .fold(MemoryStats::default(), |a, p| MemoryStats {
-            sharded: a.sharded.max(p.sharded),
-            local: a.local.max(p.local),
-            in_flight: a.in_flight.max(p.in_flight),
-            total: a.total.max(p.total),
-        })
 }
 
 /// Whether `model` trains two steps under the cap with `variant` on `ranks` ranks.
@@ -450,7 +439,7 @@ pub fn run(cfg: &ReportConfig, log: &dyn Fn(&str)) -> Result<Value, Box<dyn std:
             .unwrap_or(f64::NAN);
         let ideal = (params * 16 / ranks) as u64;
         for (i, (v, d)) in drivers.iter_mut().enumerate() {
-            let peak = worst(&d.peaks()?);
+            let peak = d.worst_peak()?;
             memory.push(MemoryRow {
                 strategy: v.name(),
                 ranks,

@@ -8,7 +8,8 @@
 //! out: `crate::…` paths (grouped ones included) and `super::…` paths, resolved. A name the
 //! crate root re-exports (`crate::RtpError`, `pub use error::RtpError` in `lib.rs`) counts as
 //! a use of the module it comes from. burn-rtp-kernels, beside this crate, is checked the
-//! same way.
+//! same way; the workspace's other crates with modules (the benches, the GPT library) are
+//! checked for import cycles.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -430,6 +431,19 @@ fn assert_acyclic(graph: &BTreeMap<String, BTreeSet<String>>) {
 fn there_is_no_import_cycle() {
     assert_acyclic(&module_graph());
     assert_acyclic(&kernel_module_graph());
+}
+
+/// The workspace's other crates with modules have no layer table, and no import cycle
+/// either: each top-level file or folder of their `src/` is one module. (The Learner is a
+/// library file and a binary, with no modules.)
+#[test]
+fn no_other_crate_of_the_workspace_has_an_import_cycle() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    for src in ["benches/src", "examples/src"] {
+        let graph = module_graph_of(&root.join(src), &[]);
+        assert!(graph.len() >= 3, "{src}: found too few modules: {graph:?}");
+        assert_acyclic(&graph);
+    }
 }
 
 #[test]

@@ -293,21 +293,15 @@ impl<B: Backend> RtpDevice<B> {
     /// What DDP's gradient buckets did on this rank so far (see
     /// [`RtpConfig::with_ddp_bucket_bytes`](crate::RtpConfig::with_ddp_bucket_bytes)).
     pub fn ddp_buckets(&self) -> DdpBuckets {
-        let [started, claimed] = &self.ctx.bucket_counts;
-        DdpBuckets {
-            started: started.load(std::sync::atomic::Ordering::Relaxed),
-            claimed: claimed.load(std::sync::atomic::Ordering::Relaxed),
-        }
+        let (started, claimed) = self.ctx.bucket_counts.get();
+        DdpBuckets { started, claimed }
     }
 
     /// What FSDP's prefetch did on this rank so far (see `RtpOptimizer`, which registers
     /// the parameters whose gathers it starts ahead).
     pub fn fsdp_prefetches(&self) -> FsdpPrefetches {
-        let [started, used] = &self.ctx.prefetch_counts;
-        FsdpPrefetches {
-            started: started.load(std::sync::atomic::Ordering::Relaxed),
-            used: used.load(std::sync::atomic::Ordering::Relaxed),
-        }
+        let (started, used) = self.ctx.prefetch_counts.get();
+        FsdpPrefetches { started, used }
     }
 
     /// Bytes of tensor data this rank's transport has sent since it started: the wire volume

@@ -36,11 +36,11 @@ pub struct RankCtx<B: Backend> {
     /// DDP's gradient buckets: open, and handed to the background worker.
     buckets: Mutex<crate::backend::buckets::Buckets<B>>,
     /// Buckets started, and gradients whose bucketed sum the optimizer took, so far.
-    pub(crate) bucket_counts: [AtomicU64; 2],
+    pub(crate) bucket_counts: AheadCounts,
     /// FSDP's prefetch: the registered parameters and the order they are gathered in.
     prefetch: Mutex<crate::backend::prefetch::Prefetch<B>>,
     /// Gathers FSDP started ahead, and those that were used, so far.
-    pub(crate) prefetch_counts: [AtomicU64; 2],
+    pub(crate) prefetch_counts: AheadCounts,
     /// The weight shapes whose Linear backward ran as two passes (dX, then dW on its own),
     /// because autodiff recomputed the input: the planner's probe reads them.
     pub(crate) split_passes: Mutex<Vec<Vec<usize>>>,
@@ -172,7 +172,7 @@ impl<B: Backend> RankCtx<B> {
 
     fn launch_bucket(self: &Arc<Self>, bucket: Vec<crate::backend::buckets::Waiting<B>>) {
         let (grads, tensors): (Vec<_>, Vec<_>) = bucket.into_iter().unzip();
-        self.bucket_counts[0].fetch_add(1, Ordering::Relaxed);
+        self.bucket_counts.started.fetch_add(1, Ordering::Relaxed);
         let sums: crate::backend::buckets::Sums<B> = Arc::default();
         self.buckets.lock().unwrap().launched(grads, sums.clone());
         let ctx = self.clone();
@@ -200,7 +200,7 @@ impl<B: Backend> RankCtx<B> {
         }
         self.comm.wait_background();
         let sum = self.buckets.lock().unwrap().claim(charge)?;
-        self.bucket_counts[1].fetch_add(1, Ordering::Relaxed);
+        self.bucket_counts.taken.fetch_add(1, Ordering::Relaxed);
         // Computed on the worker's stream: taken over onto this rank's.
         Some(adopt(&self.comm, vec![sum.consume(|t| t)]).remove(0))
     }
@@ -240,7 +240,7 @@ impl<B: Backend> RankCtx<B> {
             Some(slot) => {
                 self.comm.wait_background();
                 let prefetched = slot.lock().unwrap().take();
-                self.prefetch_counts[1].fetch_add(1, Ordering::Relaxed);
+                self.prefetch_counts.taken.fetch_add(1, Ordering::Relaxed);
                 // Gathered on the worker's stream: taken over onto this rank's.
                 let prefetched =
                     prefetched.map(|h| h.map(|t| adopt(&self.comm, vec![t]).remove(0)));
@@ -255,7 +255,7 @@ impl<B: Backend> RankCtx<B> {
             None => all_gather(&self.comm, inner, layout, op, Category::InFlight),
         };
         if let Some(((_, next, next_layout), slot)) = found.and_then(|f| f.next) {
-            self.prefetch_counts[0].fetch_add(1, Ordering::Relaxed);
+            self.prefetch_counts.started.fetch_add(1, Ordering::Relaxed);
             let ctx = self.clone();
             let job = move || {
                 let full = all_gather(
@@ -276,6 +276,26 @@ impl<B: Backend> RankCtx<B> {
     pub(crate) fn clear_buckets(&self) {
         self.comm.wait_background();
         self.buckets.lock().unwrap().clear();
+    }
+}
+
+/// What a strategy started ahead of need on the background worker (DDP's bucket
+/// all-reduces, FSDP's gathers), and how many of those results were taken.
+#[derive(Default)]
+pub(crate) struct AheadCounts {
+    /// Jobs started.
+    pub(crate) started: AtomicU64,
+    /// Results taken (a bucketed sum the optimizer claimed, a prefetched gather used).
+    pub(crate) taken: AtomicU64,
+}
+
+impl AheadCounts {
+    /// Both counts so far: `(started, taken)`.
+    pub(crate) fn get(&self) -> (u64, u64) {
+        (
+            self.started.load(Ordering::Relaxed),
+            self.taken.load(Ordering::Relaxed),
+        )
     }
 }
 
