@@ -139,6 +139,7 @@ pub use tools::{checkpoint, plan};
 pub use backend::device::{enter_rank, register_device, RankGuard};
 pub use backend::device::{DdpBuckets, FsdpPrefetches, RtpDevice};
 pub use backend::rtp::Rtp;
+pub use backend::strategy::placement as shard_placement;
 pub use backend::tensor::RtpTensor;
 pub use burn_rtp_kernels::{set_fused_kernels, KernelPath, RotationKernels};
 pub use config::{

@@ -33,15 +33,11 @@ const LAYERS: &[&[&str]] = &[
     &["comm::p2p"],
     &["comm::rotation"],
     &["comm::collectives"],
-    // backend/: the Linear pairing records, the kept gathers, DDP's buckets and FSDP's
-    // prefetch; the rank's op-level state around its `Comm`, the tensor primitive, the
-    // device, the backend type, and its ops.
-    &[
-        "backend::pairing",
-        "backend::gathers",
-        "backend::buckets",
-        "backend::prefetch",
-    ],
+    // backend/: the Linear pairing records, the kept gathers, and the strategies (one type
+    // each for DDP, FSDP and RTP, with DDP's buckets and FSDP's prefetch); the rank's
+    // op-level state around its `Comm` and its strategy, the tensor primitive, the device,
+    // the backend type, and its ops.
+    &["backend::pairing", "backend::gathers", "backend::strategy"],
     &["backend::rank"],
     &["backend::tensor"],
     &["backend::device"],

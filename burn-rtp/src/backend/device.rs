@@ -2,7 +2,7 @@
 
 use crate::backend::rank::{find_rank_ctx, new_rank_ctx, RankCtx};
 use crate::comm::transport::{HubOptions, InProcessHub, Transport};
-use crate::config::RtpConfig;
+use crate::config::{RtpConfig, Strategy};
 use crate::error::{RtpError, RtpResult};
 use crate::state::accounting::MemoryStats;
 use crate::state::shard_io::{ShardIo, ShardMap};
@@ -293,14 +293,14 @@ impl<B: Backend> RtpDevice<B> {
     /// What DDP's gradient buckets did on this rank so far (see
     /// [`RtpConfig::with_ddp_bucket_bytes`](crate::RtpConfig::with_ddp_bucket_bytes)).
     pub fn ddp_buckets(&self) -> DdpBuckets {
-        let (started, claimed) = self.ctx.bucket_counts.get();
+        let (started, claimed) = self.ctx.ahead_of(Strategy::Ddp);
         DdpBuckets { started, claimed }
     }
 
     /// What FSDP's prefetch did on this rank so far (see `RtpOptimizer`, which registers
     /// the parameters whose gathers it starts ahead).
     pub fn fsdp_prefetches(&self) -> FsdpPrefetches {
-        let (started, used) = self.ctx.prefetch_counts.get();
+        let (started, used) = self.ctx.ahead_of(Strategy::Fsdp);
         FsdpPrefetches { started, used }
     }
 

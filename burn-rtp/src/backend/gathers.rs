@@ -28,6 +28,8 @@
 use crate::state::accounting::Held;
 use crate::state::sharding::Layout;
 use burn::tensor::backend::Backend;
+use std::collections::BTreeMap;
+use std::sync::Mutex;
 
 /// Largest full tensor, in bytes, whose gathered copy is kept.
 pub(crate) const MAX_CACHED_BYTES: usize = 256 << 10;
@@ -50,6 +52,38 @@ impl<B: Backend> Default for Gathers<B> {
         Self {
             entries: Vec::new(),
         }
+    }
+}
+
+/// The gather fallback of one rank: how often each op without a shard-wise rule gathered,
+/// and the copies kept for small tensors.
+pub(crate) struct GatherFallback<B: Backend> {
+    /// Kept copies of small sharded tensors.
+    pub(crate) kept: Mutex<Gathers<B>>,
+    counts: Mutex<BTreeMap<String, u64>>,
+}
+
+impl<B: Backend> Default for GatherFallback<B> {
+    fn default() -> Self {
+        Self {
+            kept: Mutex::new(Gathers::default()),
+            counts: Mutex::new(BTreeMap::new()),
+        }
+    }
+}
+
+impl<B: Backend> GatherFallback<B> {
+    /// Counts one more fallback of `op`; returns its count so far.
+    pub(crate) fn count(&self, op: &str) -> u64 {
+        let mut counts = self.counts.lock().unwrap();
+        let count = counts.entry(op.to_string()).or_insert(0);
+        *count += 1;
+        *count
+    }
+
+    /// Every op's count so far.
+    pub(crate) fn counts(&self) -> BTreeMap<String, u64> {
+        self.counts.lock().unwrap().clone()
     }
 }
 

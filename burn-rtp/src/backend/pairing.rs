@@ -37,7 +37,8 @@ use crate::state::accounting::{Float, Held};
 use crate::state::sharding::Layout;
 use burn::tensor::backend::Backend;
 use std::collections::{HashMap, HashSet};
-use std::sync::Weak;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, Weak};
 
 /// Forward records kept at most: far more Linear calls than one graph of a large model holds.
 const MAX_RECORDS: usize = 4096;
@@ -173,6 +174,51 @@ impl<B: Backend> Default for Pairing<B> {
         Self {
             forwards: Vec::new(),
             deferred: None,
+        }
+    }
+}
+
+/// One rank's Linear records: the pairing itself, whether some record holds an input, and
+/// which weights ran their backward as two passes.
+pub(crate) struct LinearRecords<B: Backend> {
+    /// Forward records and deferred gradients.
+    pub(crate) pairing: Mutex<Pairing<B>>,
+    /// Whether some forward record may hold a Linear input: checked (without a lock) each
+    /// time the rank makes a local tensor.
+    inputs_held: AtomicBool,
+    /// The weight shapes whose Linear backward ran as two passes (dX, then dW on its own),
+    /// because autodiff recomputed the input: the planner's probe reads them.
+    pub(crate) split_passes: Mutex<Vec<Vec<usize>>>,
+}
+
+impl<B: Backend> Default for LinearRecords<B> {
+    fn default() -> Self {
+        Self {
+            pairing: Mutex::new(Pairing::default()),
+            inputs_held: AtomicBool::new(false),
+            split_passes: Mutex::new(Vec::new()),
+        }
+    }
+}
+
+impl<B: Backend> LinearRecords<B> {
+    /// Records a Linear forward.
+    pub(crate) fn record_forward(&self, forward: Forward<B>) {
+        let mut pairing = self.pairing.lock().unwrap();
+        pairing.record(forward);
+        self.inputs_held
+            .store(pairing.release_inputs(), Ordering::Release);
+    }
+
+    /// Lets the records go of inputs nothing else holds; skipped while the rank is inside a
+    /// pairing call (the lock is taken).
+    pub(crate) fn release_inputs(&self) {
+        if !self.inputs_held.load(Ordering::Acquire) {
+            return;
+        }
+        if let Ok(mut pairing) = self.pairing.try_lock() {
+            self.inputs_held
+                .store(pairing.release_inputs(), Ordering::Release);
         }
     }
 }

@@ -2,49 +2,48 @@
 //! decide and remember (Linear pairing, parameter streams, gather fallbacks, shard IO) and the
 //! device id Burn knows the rank by.
 
-use crate::comm::collectives::{all_gather, all_reduce_bucket};
+use crate::backend::gathers::GatherFallback;
+use crate::backend::pairing::LinearRecords;
+use crate::backend::strategy::{for_rank, Param, RankStrategy, Rules};
 use crate::comm::context::Comm;
-use crate::comm::p2p::{adopt, fence};
 use crate::comm::transport::Transport;
-use crate::config::{RtpConfig, Strategy};
+use crate::config::RtpConfig;
 use crate::error::{raise, RtpError, RtpResult};
-use crate::state::accounting::{Category, Charge, Float, Held};
+use crate::state::accounting::{Charge, Float, Held};
 use crate::state::sharding::Layout;
 use burn::tensor::backend::Backend;
-use burn::tensor::TensorMetadata;
 use std::any::Any;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
-/// The state every op of one rank reads: its communication context and the ops' own records.
+/// The state every op of one rank reads: its communication context, its strategy and the
+/// ops' own records. What differs by strategy lives in `strategy`, nowhere else here.
 pub struct RankCtx<B: Backend> {
     /// Identity, transport, counters and accounting: all the communication layers see.
-    pub(crate) comm: Comm<B>,
-    persistent: AtomicUsize,
-    param_stream: AtomicU64,
-    seed: AtomicU64,
-    fallbacks: Mutex<BTreeMap<String, u64>>,
-    pub(crate) shard_io: crate::state::shard_io::ShardIoByThread,
+    /// Shared with the jobs the strategy runs on the background worker.
+    pub(crate) comm: Arc<Comm<B>>,
+    /// DDP, FSDP or RTP: what the rank starts ahead of need, and the rules of its ops.
+    pub(crate) strategy: Box<dyn RankStrategy<B>>,
+    /// Parameter creation: whether it is under way, the random streams and the seed.
+    params: ParamStreams,
     /// Linear forwards awaiting their backward, and gradients computed ahead.
-    pub(crate) pairing: Mutex<crate::backend::pairing::Pairing<B>>,
-    /// Whether some forward record may hold a Linear input: checked (without a lock) each
-    /// time the rank makes a local tensor.
-    inputs_held: AtomicBool,
-    /// Gathered copies of small sharded tensors, kept while their source lives.
-    pub(crate) gathers: Mutex<crate::backend::gathers::Gathers<B>>,
-    /// DDP's gradient buckets: open, and handed to the background worker.
-    buckets: Mutex<crate::backend::buckets::Buckets<B>>,
-    /// Buckets started, and gradients whose bucketed sum the optimizer took, so far.
-    pub(crate) bucket_counts: AheadCounts,
-    /// FSDP's prefetch: the registered parameters and the order they are gathered in.
-    prefetch: Mutex<crate::backend::prefetch::Prefetch<B>>,
-    /// Gathers FSDP started ahead, and those that were used, so far.
-    pub(crate) prefetch_counts: AheadCounts,
-    /// The weight shapes whose Linear backward ran as two passes (dX, then dW on its own),
-    /// because autodiff recomputed the input: the planner's probe reads them.
-    pub(crate) split_passes: Mutex<Vec<Vec<usize>>>,
+    pub(crate) linear: LinearRecords<B>,
+    /// Ops that had no shard-wise rule, and the gathered copies kept for them.
+    pub(crate) fallback: GatherFallback<B>,
+    pub(crate) shard_io: crate::state::shard_io::ShardIoByThread,
     pub(crate) index_id: u16,
+}
+
+/// Parameter creation's state: every rank creates the same parameters in the same order, so
+/// equal counters give every rank the same random streams.
+#[derive(Default)]
+struct ParamStreams {
+    /// Nesting depth of `memory_persistent_allocations` (parameters are being created).
+    persistent: AtomicUsize,
+    /// The next parameter's stream.
+    stream: AtomicU64,
+    seed: AtomicU64,
 }
 
 impl<B: Backend> std::fmt::Debug for RankCtx<B> {
@@ -54,6 +53,11 @@ impl<B: Backend> std::fmt::Debug for RankCtx<B> {
 }
 
 impl<B: Backend> RankCtx<B> {
+    /// The rules of this rank's strategy.
+    pub(crate) fn rules(&self) -> &'static dyn Rules {
+        self.strategy.rules()
+    }
+
     /// Where a parameter (or its gradient) of logical `shape` lives: its split, or `None` when
     /// it is replicated. Creation and every gradient-producing op ask this one function, so a
     /// gradient always has the layout of its parameter.
@@ -61,57 +65,45 @@ impl<B: Backend> RankCtx<B> {
         &self,
         shape: &burn::tensor::Shape,
     ) -> Option<crate::state::sharding::ShardSpec> {
-        crate::state::sharding::placement(
-            self.comm.config.strategy,
-            shape,
-            self.comm.world_size,
-            self.comm.config.shard_threshold,
-        )
+        let threshold = self.comm.config.shard_threshold;
+        self.rules()
+            .placement(shape, self.comm.world_size, threshold)
     }
 
     /// Records a Linear forward (see `backend::pairing`).
     pub(crate) fn record_forward(&self, forward: crate::backend::pairing::Forward<B>) {
-        let mut pairing = self.pairing.lock().unwrap();
-        pairing.record(forward);
-        self.inputs_held
-            .store(pairing.release_inputs(), Ordering::Release);
+        self.linear.record_forward(forward);
     }
 
     /// Lets the forward records go of inputs nothing else holds any more, so that a Linear's
     /// input autodiff dropped (activation checkpointing) is freed when the next tensor is
     /// made, not at the next Linear. Skipped while this rank is inside a pairing call.
     pub(crate) fn release_inputs(&self) {
-        if !self.inputs_held.load(Ordering::Acquire) {
-            return;
-        }
-        if let Ok(mut pairing) = self.pairing.try_lock() {
-            self.inputs_held
-                .store(pairing.release_inputs(), Ordering::Release);
-        }
+        self.linear.release_inputs();
     }
 
     /// Whether parameters are being created right now (inside `memory_persistent_allocations`).
     pub(crate) fn persistent(&self) -> bool {
-        self.persistent.load(Ordering::Acquire) > 0
+        self.params.persistent.load(Ordering::Acquire) > 0
     }
 
     pub(crate) fn enter_persistent(&self) -> PersistentGuard<'_> {
-        self.persistent.fetch_add(1, Ordering::AcqRel);
-        PersistentGuard(&self.persistent)
+        self.params.persistent.fetch_add(1, Ordering::AcqRel);
+        PersistentGuard(&self.params.persistent)
     }
 
     /// A new random stream for the next parameter; the same on every rank.
     pub(crate) fn next_param_stream(&self) -> u64 {
-        self.param_stream.fetch_add(1, Ordering::Relaxed)
+        self.params.stream.fetch_add(1, Ordering::Relaxed)
     }
 
     pub(crate) fn seed(&self) -> u64 {
-        self.seed.load(Ordering::Relaxed)
+        self.params.seed.load(Ordering::Relaxed)
     }
 
     pub(crate) fn set_seed(&self, seed: u64) {
-        self.seed.store(seed, Ordering::Relaxed);
-        self.param_stream.store(0, Ordering::Relaxed);
+        self.params.seed.store(seed, Ordering::Relaxed);
+        self.params.stream.store(0, Ordering::Relaxed);
     }
 
     /// Records that `op` had to gather a sharded operand; logs the first time per op.
@@ -123,179 +115,77 @@ impl<B: Backend> RankCtx<B> {
                 shapes: shapes.to_vec(),
             });
         }
-        let mut map = self.fallbacks.lock().unwrap();
-        let count = map.entry(op.to_string()).or_insert(0);
-        if *count == 0 && self.comm.rank == 0 {
+        if self.fallback.count(op) == 1 && self.comm.rank == 0 {
             tracing::info!(
                 op,
                 ?shapes,
                 "rtp: op has no shard-wise rule; gathering its sharded operands"
             );
         }
-        *count += 1;
     }
 
     pub(crate) fn fallback_counts(&self) -> BTreeMap<String, u64> {
-        self.fallbacks.lock().unwrap().clone()
+        self.fallback.counts()
     }
 
-    /// Under DDP with buckets, adds the gradient of a replicated weight (identified by
-    /// `charge`) to the open bucket, and starts the bucket's all-reduce in the background once
-    /// it is full (see `backend::buckets`). Anything else is left to the optimizer step.
-    pub(crate) fn bucket_gradient(self: &Arc<Self>, charge: &Arc<Charge>, grad: &Float<B>) {
-        let config = &self.comm.config;
-        let n = self.comm.world_size;
-        if config.strategy != Strategy::Ddp
-            || config.ddp_bucket_bytes == 0
-            || n == 1
-            || grad.shape().num_elements() < n
-        {
-            return;
-        }
-        let full = self
-            .buckets
-            .lock()
-            .unwrap()
-            .add((charge.clone(), grad.clone()), config.ddp_bucket_bytes);
-        if let Some(bucket) = full {
-            self.launch_bucket(bucket);
-        }
+    /// Hands the gradient of a replicated weight (identified by `charge`) to the strategy,
+    /// as the backward makes it (DDP's buckets sum it ahead of the step).
+    pub(crate) fn on_gradient(&self, charge: &Arc<Charge>, grad: &Float<B>) {
+        self.strategy.on_gradient(&self.comm, charge, grad);
     }
 
-    /// Starts the open, partial bucket (the optimizer step does, once the backward is over).
-    pub(crate) fn flush_buckets(self: &Arc<Self>) {
-        let open = self.buckets.lock().unwrap().take_open();
-        if let Some(bucket) = open {
-            self.launch_bucket(bucket);
-        }
+    /// The reduced sum of the gradient identified by `charge`, if the strategy computed it
+    /// ahead (a DDP bucket).
+    pub(crate) fn claim_reduced(&self, charge: &Arc<Charge>) -> Option<Float<B>> {
+        self.strategy.claim_reduced(&self.comm, charge)
     }
 
-    fn launch_bucket(self: &Arc<Self>, bucket: Vec<crate::backend::buckets::Waiting<B>>) {
-        let (grads, tensors): (Vec<_>, Vec<_>) = bucket.into_iter().unzip();
-        self.bucket_counts.started.fetch_add(1, Ordering::Relaxed);
-        let sums: crate::backend::buckets::Sums<B> = Arc::default();
-        self.buckets.lock().unwrap().launched(grads, sums.clone());
-        let ctx = self.clone();
-        let job = move || {
-            let out = all_reduce_bucket(&ctx.comm, "ddp.all_reduce_bucket", tensors);
-            *sums.lock().unwrap() = Some(out.into_iter().map(Some).collect());
-        };
-        self.run_in_background(job);
+    /// The backward is over: the strategy starts what it held back (DDP's last bucket).
+    pub(crate) fn before_sync(&self) {
+        self.strategy.before_sync(&self.comm);
     }
 
-    /// Hands `job` to the rank's background worker once this rank's queued device work is
-    /// done: the worker runs on a stream of its own (each thread's, on wgpu and CUDA), and its
-    /// jobs read tensors this rank's last kernels wrote (fresh gradients, weights the step
-    /// just updated). A no-op fence on synchronous backends such as NdArray.
-    fn run_in_background(&self, job: impl FnOnce() + Send + 'static) {
-        fence(&self.comm);
-        self.comm.background.submit(self.comm.rank, Box::new(job));
+    /// The gradients are synchronised: the strategy drops what nobody claimed.
+    pub(crate) fn after_sync(&self) {
+        self.strategy.after_sync(&self.comm);
     }
 
-    /// The all-reduced sum of the gradient identified by `charge`, if a bucket computed it;
-    /// waits for the buckets in flight first.
-    pub(crate) fn claim_bucketed(&self, charge: &Arc<Charge>) -> Option<Float<B>> {
-        if !self.buckets.lock().unwrap().any_launched() {
-            return None;
-        }
-        self.comm.wait_background();
-        let sum = self.buckets.lock().unwrap().claim(charge)?;
-        self.bucket_counts.taken.fetch_add(1, Ordering::Relaxed);
-        // Computed on the worker's stream: taken over onto this rank's.
-        Some(adopt(&self.comm, vec![sum.consume(|t| t)]).remove(0))
+    /// Whether the strategy wants the module's parameters before each step (FSDP's prefetch);
+    /// callers skip collecting them otherwise.
+    pub(crate) fn wants_params(&self) -> bool {
+        self.strategy.wants_params()
     }
 
-    /// Under FSDP, registers the parameters of the next step in the module's order, so that
-    /// their gathers can be started ahead (see `backend::prefetch`).
-    pub(crate) fn register_params(&self, params: Vec<crate::backend::prefetch::Param<B>>) {
-        if self.prefetches() {
-            self.prefetch.lock().unwrap().register(params);
-        }
-    }
-
-    /// Whether FSDP's prefetch runs here (FSDP on more than one rank): callers skip
-    /// collecting parameters for it otherwise.
-    pub(crate) fn prefetches(&self) -> bool {
-        self.comm.config.strategy == Strategy::Fsdp && self.comm.world_size > 1
+    /// Registers the parameters of the next step in the module's order.
+    pub(crate) fn register_params(&self, params: Vec<Param<B>>) {
+        self.strategy.register_params(params);
     }
 
     /// Lets go of the registered parameters before the optimizer replaces them.
     pub(crate) fn release_params(&self) {
-        self.prefetch.lock().unwrap().release();
+        self.strategy.release_params();
     }
 
-    /// The whole of a sharded parameter for a module op (FSDP): taken from its prefetched
-    /// gather when one was started for it, else gathered now; then the gather the last step
-    /// made next is started on the background worker.
+    /// What the strategy started ahead of need and what was taken, `(started, taken)`, if
+    /// this rank runs `strategy`; else none.
+    pub(crate) fn ahead_of(&self, strategy: crate::config::Strategy) -> (u64, u64) {
+        if self.comm.config.strategy == strategy {
+            self.strategy.ahead()
+        } else {
+            (0, 0)
+        }
+    }
+
+    /// The whole of a sharded parameter for a module op that gathers it (FSDP).
     pub(crate) fn gather_param(
-        self: &Arc<Self>,
+        &self,
         charge: &Arc<Charge>,
         inner: &Float<B>,
         layout: &Layout,
         op: &'static str,
     ) -> Held<B> {
-        let found = self.prefetch.lock().unwrap().on_gather(charge);
-        let ready = found.as_ref().and_then(|f| f.ready.clone());
-        let full = match ready {
-            Some(slot) => {
-                self.comm.wait_background();
-                let prefetched = slot.lock().unwrap().take();
-                self.prefetch_counts.taken.fetch_add(1, Ordering::Relaxed);
-                // Gathered on the worker's stream: taken over onto this rank's.
-                let prefetched =
-                    prefetched.map(|h| h.map(|t| adopt(&self.comm, vec![t]).remove(0)));
-                prefetched.unwrap_or_else(|| {
-                    panic!(
-                        "rank {}: `{op}`: the prefetched gather of a {:?} shard is missing",
-                        self.comm.rank,
-                        inner.shape().to_vec()
-                    )
-                })
-            }
-            None => all_gather(&self.comm, inner, layout, op, Category::InFlight),
-        };
-        if let Some(((_, next, next_layout), slot)) = found.and_then(|f| f.next) {
-            self.prefetch_counts.started.fetch_add(1, Ordering::Relaxed);
-            let ctx = self.clone();
-            let job = move || {
-                let full = all_gather(
-                    &ctx.comm,
-                    &next,
-                    &next_layout,
-                    "fsdp.prefetch",
-                    Category::InFlight,
-                );
-                *slot.lock().unwrap() = Some(full);
-            };
-            self.run_in_background(job);
-        }
-        full
-    }
-
-    /// Forgets the buckets of the last backward, and the sums nobody claimed.
-    pub(crate) fn clear_buckets(&self) {
-        self.comm.wait_background();
-        self.buckets.lock().unwrap().clear();
-    }
-}
-
-/// What a strategy started ahead of need on the background worker (DDP's bucket
-/// all-reduces, FSDP's gathers), and how many of those results were taken.
-#[derive(Default)]
-pub(crate) struct AheadCounts {
-    /// Jobs started.
-    pub(crate) started: AtomicU64,
-    /// Results taken (a bucketed sum the optimizer claimed, a prefetched gather used).
-    pub(crate) taken: AtomicU64,
-}
-
-impl AheadCounts {
-    /// Both counts so far: `(started, taken)`.
-    pub(crate) fn get(&self) -> (u64, u64) {
-        (
-            self.started.load(Ordering::Relaxed),
-            self.taken.load(Ordering::Relaxed),
-        )
+        self.strategy
+            .gather_param(&self.comm, charge, inner, layout, op)
     }
 }
 
@@ -365,23 +255,16 @@ pub(crate) fn new_rank_ctx<B: Backend>(
     transport: Arc<dyn Transport<B::FloatTensorPrimitive>>,
     config: RtpConfig,
 ) -> RtpResult<Arc<RankCtx<B>>> {
-    let comm = Comm::new(rank, world_id, inner, transport, config)?;
+    let strategy = for_rank::<B>(&config);
+    let comm = Arc::new(Comm::new(rank, world_id, inner, transport, config)?);
     // The slot is taken first (empty) so that a full registry fails before anything is built.
     let index_id = registry().lock().unwrap().insert(Box::new(()))?;
     let ctx = Arc::new(RankCtx {
         comm,
-        pairing: Mutex::new(Default::default()),
-        gathers: Mutex::new(Default::default()),
-        buckets: Mutex::new(Default::default()),
-        bucket_counts: Default::default(),
-        prefetch: Mutex::new(Default::default()),
-        prefetch_counts: Default::default(),
-        split_passes: Mutex::new(Vec::new()),
-        inputs_held: AtomicBool::new(false),
-        persistent: AtomicUsize::new(0),
-        param_stream: AtomicU64::new(0),
-        seed: AtomicU64::new(0),
-        fallbacks: Mutex::new(BTreeMap::new()),
+        strategy,
+        params: ParamStreams::default(),
+        linear: LinearRecords::default(),
+        fallback: GatherFallback::default(),
         shard_io: Default::default(),
         index_id,
     });

@@ -138,18 +138,19 @@ impl<B: Backend> RtpTensor<B> {
         Arc::downgrade(&self.charge)
     }
 
-    /// Offers this gradient of a replicated weight to DDP's buckets (see `backend::buckets`).
-    pub(crate) fn offer_to_bucket(&self) {
-        self.ctx.bucket_gradient(&self.charge, &self.inner);
+    /// Hands this gradient of a replicated weight to the rank's strategy (DDP's buckets sum
+    /// it ahead of the step; see `backend::strategy::ddp`).
+    pub(crate) fn offer_gradient(&self) {
+        self.ctx.on_gradient(&self.charge, &self.inner);
     }
 
-    /// The all-reduced sum of this very gradient, if a DDP bucket computed it.
-    pub(crate) fn claim_bucketed(&self) -> Option<B::FloatTensorPrimitive> {
-        self.ctx.claim_bucketed(&self.charge)
+    /// The reduced sum of this very gradient, if the strategy computed it ahead.
+    pub(crate) fn claim_reduced(&self) -> Option<B::FloatTensorPrimitive> {
+        self.ctx.claim_reduced(&self.charge)
     }
 
-    /// This parameter as FSDP's prefetch registers it (see `backend::prefetch`).
-    pub(crate) fn as_param(&self) -> crate::backend::prefetch::Param<B> {
+    /// This parameter as the optimizer registers it (see `backend::strategy::fsdp`).
+    pub(crate) fn as_param(&self) -> crate::backend::strategy::Param<B> {
         (self.charge.clone(), self.inner.clone(), self.layout.clone())
     }
 

@@ -107,7 +107,7 @@ fn sync_gradient<I: RotationKernels>(param: &Layout, grad: RtpTensor<I>) -> RtpT
     let mean = |t| I::float_mul_scalar(t, Scalar::Float(1.0 / ctx.comm.world_size as f64));
     // DDP's buckets summed this very gradient during the backward.
     if *param == Layout::Replicated {
-        if let Some(summed) = grad.claim_bucketed() {
+        if let Some(summed) = grad.claim_reduced() {
             return RtpTensor::new(ctx.clone(), mean(summed), Layout::Replicated);
         }
     }
@@ -175,11 +175,11 @@ where
 {
     let ctx = module_ctx::<M, B, I>(module);
     if let Some(ctx) = &ctx {
-        ctx.flush_buckets();
+        ctx.before_sync();
     }
     map_gradients::<M, B, I>(module, grads, sync_gradient);
     if let Some(ctx) = &ctx {
-        ctx.clear_buckets();
+        ctx.after_sync();
     }
 }
 
@@ -261,10 +261,10 @@ where
     B: AutodiffBackend<InnerBackend = Rtp<I>>,
     M: AutodiffModule<B>,
 {
-    if !ctx.prefetches() {
+    if !ctx.wants_params() {
         return;
     }
-    struct Sharded<I: RotationKernels>(Vec<crate::backend::prefetch::Param<I>>);
+    struct Sharded<I: RotationKernels>(Vec<crate::backend::strategy::Param<I>>);
     impl<B, I> ModuleVisitor<B> for Sharded<I>
     where
         I: RotationKernels,
@@ -296,7 +296,7 @@ where
     M: AutodiffModule<B>,
 {
     if let Some(ctx) = ctx {
-        ctx.gathers.lock().unwrap().clear();
+        ctx.fallback.kept.lock().unwrap().clear();
         ctx.release_params();
     }
     let module = update(module);

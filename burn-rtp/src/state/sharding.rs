@@ -1,7 +1,6 @@
 //! Where each element of a parameter lives: the split of the last dimension across ranks,
-//! the placement policy, host-side slicing for loading, and flyweight random init.
+//! which parameters can be split, host-side slicing for loading, and flyweight random init.
 
-use crate::config::Strategy;
 use crate::state::accounting::Category;
 use burn::tensor::{DType, Distribution, Shape, TensorData};
 
@@ -65,26 +64,6 @@ impl ShardSpec {
 pub fn is_sharded_param(shape: &Shape, world: usize, threshold: usize) -> bool {
     let dims = shape.as_slice();
     !dims.is_empty() && shape.num_elements() >= threshold.max(1) && dims[dims.len() - 1] >= world
-}
-
-/// The placement policy: where a parameter (or its gradient, or its optimizer state) of
-/// logical `shape` lives under `strategy`: its split over `world` ranks, or `None` when it is
-/// replicated. DDP replicates everything; FSDP and RTP shard the last dimension of every
-/// parameter of at least `threshold` elements that has a column for every rank.
-///
-/// Parameter creation, every op that produces a parameter's gradient, and the memory planner
-/// ask this one function, so a gradient always has the layout of its parameter and the plan
-/// counts what training holds.
-pub fn placement(
-    strategy: Strategy,
-    shape: &Shape,
-    world: usize,
-    threshold: usize,
-) -> Option<ShardSpec> {
-    (strategy != Strategy::Ddp && is_sharded_param(shape, world, threshold)).then(|| ShardSpec {
-        full: shape.clone(),
-        world,
-    })
 }
 
 /// Keeps only the columns `range` of the last dimension of `data`, on the host.

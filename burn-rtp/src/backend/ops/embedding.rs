@@ -3,7 +3,7 @@
 //! to the shard's home.
 
 use super::full_inner;
-use super::weights::{gather_unit, local, mean_over_ranks, reduce_scatter_full, WeightUse};
+use super::weights::{gather_unit, local, mean_over_ranks, reduce_scatter_full, use_of, WeightUse};
 use crate::backend::tensor::RtpTensor;
 use crate::comm::rotation::{reduce_scatter, rotate_columns};
 use crate::state::sharding::Layout;
@@ -17,7 +17,7 @@ pub(super) fn forward<B: RotationKernels>(
     indices: B::IntTensorPrimitive,
 ) -> RtpTensor<B> {
     let ctx = weights.ctx.clone();
-    match WeightUse::of(&weights) {
+    match use_of(&weights) {
         WeightUse::Whole => {
             let w = full_inner(weights, "embedding");
             local(&ctx, B::embedding(w.get(), indices))
@@ -63,14 +63,14 @@ pub(super) fn backward<B: RotationKernels>(
 ) -> RtpTensor<B> {
     let ctx = weights.ctx.clone();
     let op = "embedding_backward";
-    match WeightUse::of(&weights) {
+    match use_of(&weights) {
         WeightUse::Whole => {
             let replicated = weights.layout == Layout::Replicated;
             let w = full_inner(weights, op);
             let dy = full_inner(output_grad, op);
             let dw = local(&ctx, B::embedding_backward(w.get(), dy.get(), indices));
             if replicated {
-                dw.offer_to_bucket();
+                dw.offer_gradient();
             }
             dw
         }

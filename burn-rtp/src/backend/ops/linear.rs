@@ -3,7 +3,8 @@
 //! How Burn's three backward calls come to share that pass is [`crate::backend::pairing`].
 
 use super::weights::{
-    broadcastable, gather_unit, local, mean_over_ranks, reduce_scatter_full, WeightUse,
+    broadcastable, gather_unit, local, mean_over_ranks, reduce_scatter_full, use_of, use_of_layout,
+    WeightUse,
 };
 use super::{full_inner, unary, Float};
 use crate::backend::pairing::{Deferred, Forward, Guess};
@@ -166,7 +167,7 @@ pub(super) fn forward<B: RotationKernels>(
     bias: Option<RtpTensor<B>>,
 ) -> RtpTensor<B> {
     let ctx = x.ctx.clone();
-    let use_ = WeightUse::of(&weight);
+    let use_ = use_of(&weight);
     let rotates = matches!(use_, WeightUse::Rotated(_));
     ctx.record_forward(Forward::new(&x, &weight, bias.as_ref(), rotates));
     let op = "linear";
@@ -247,14 +248,14 @@ pub(super) fn x_backward<B: RotationKernels>(
 ) -> RtpTensor<B> {
     let ctx = weight.ctx.clone();
     let op = "linear_x_backward";
-    let use_ = WeightUse::of(&weight);
-    let guess = ctx.pairing.lock().unwrap().guess_x(&weight, &dy);
+    let use_ = use_of(&weight);
+    let guess = ctx.linear.pairing.lock().unwrap().guess_x(&weight, &dy);
     // The weight's call, which comes next with this `dy`, learns the forward's layouts here:
     // by `x` it cannot find the record once autodiff has recomputed `x` (activation
     // checkpointing), and without them it would keep a whole per-rank dW.
     let leave_layouts = |dy_id, guess: Guess<B>| {
         let deferred = Deferred::layouts(dy_id, guess.weight_layout, guess.bias_layout);
-        ctx.pairing.lock().unwrap().defer(deferred);
+        ctx.linear.pairing.lock().unwrap().defer(deferred);
     };
     match use_ {
         WeightUse::Whole | WeightUse::Gathered(_) => {
@@ -283,7 +284,7 @@ pub(super) fn x_backward<B: RotationKernels>(
                 // and the layouts for the weight's call, which sends dW around on its own.
                 let g = backward_pass(&ctx, &spec, w, None, &dy, None);
                 leave_layouts(dy_id, guess);
-                let mut split = ctx.split_passes.lock().unwrap();
+                let mut split = ctx.linear.split_passes.lock().unwrap();
                 if !split.contains(&spec.full.to_vec()) {
                     split.push(spec.full.to_vec());
                 }
@@ -296,7 +297,11 @@ pub(super) fn x_backward<B: RotationKernels>(
             let mut deferred = Deferred::new(x_id, dy_id, bias_layout);
             deferred.dw = g.dw.map(RtpTensor::into_placed);
             deferred.db = g.db.map(RtpTensor::into_placed);
-            ctx.pairing.lock().unwrap().defer_guessed(deferred, &weight);
+            ctx.linear
+                .pairing
+                .lock()
+                .unwrap()
+                .defer_guessed(deferred, &weight);
             local(&ctx, g.dx.expect("the weight rotated"))
         }
     }
@@ -310,7 +315,7 @@ pub(super) fn weight_backward<B: RotationKernels>(
 ) -> RtpTensor<B> {
     let ctx = x.ctx.clone();
     let op = "linear_weight_backward";
-    let mut pairing = ctx.pairing.lock().unwrap();
+    let mut pairing = ctx.linear.pairing.lock().unwrap();
     if let Some(dw) = pairing.claim_weight(&x, &dy) {
         drop(pairing);
         return RtpTensor::from_placed(ctx, dw);
@@ -329,11 +334,11 @@ pub(super) fn weight_backward<B: RotationKernels>(
     // alive. A per-rank gradient is right for any layout (RtpOptimizer averages it).
     let (weight_layout, bias_layout) = layouts.unwrap_or((Layout::Local, None));
     let mut deferred = Deferred::new(x_id, dy_id, bias_layout);
-    let dw = match WeightUse::of_layout(&weight_layout, &ctx) {
+    let dw = match use_of_layout(&weight_layout, &ctx) {
         WeightUse::Whole => {
             let dw = local(&ctx, kernels::weight_grad_whole::<B>(x.get(), dy.get()));
             if weight_layout == Layout::Replicated {
-                dw.offer_to_bucket();
+                dw.offer_gradient();
             }
             dw
         }
@@ -349,25 +354,25 @@ pub(super) fn weight_backward<B: RotationKernels>(
         }
     };
     // The bias call that follows learns its layout (and finds db) here.
-    ctx.pairing.lock().unwrap().defer(deferred);
+    ctx.linear.pairing.lock().unwrap().defer(deferred);
     dw
 }
 
 /// db: computed ahead by the pass of this `dy`, or now, by the layout of the forward's bias.
 pub(super) fn bias_backward<B: RotationKernels>(dy: RtpTensor<B>) -> RtpTensor<B> {
     let ctx = dy.ctx.clone();
-    let (db, layout) = ctx.pairing.lock().unwrap().claim_bias(&dy);
+    let (db, layout) = ctx.linear.pairing.lock().unwrap().claim_bias(&dy);
     if let Some(db) = db {
         return RtpTensor::from_placed(ctx, db);
     }
     let dy = full_inner(dy, "linear_bias_backward");
     // Not known (no forward record): a per-rank gradient, which RtpOptimizer averages.
     let layout = layout.unwrap_or(Layout::Local);
-    match WeightUse::of_layout(&layout, &ctx) {
+    match use_of_layout(&layout, &ctx) {
         WeightUse::Whole => {
             let db = local(&ctx, B::linear_bias_backward(dy.get()));
             if layout == Layout::Replicated {
-                db.offer_to_bucket();
+                db.offer_gradient();
             }
             db
         }

@@ -58,11 +58,15 @@ pub(crate) fn gathered<B: Backend>(t: RtpTensor<B>, op: &'static str) -> (Held<B
             let ctx = t.ctx.clone();
             let layout = t.layout.clone();
             let source = t.held();
-            if let Some(full) = ctx.gathers.lock().unwrap().find(&source, &layout) {
+            if let Some(full) = ctx.fallback.kept.lock().unwrap().find(&source, &layout) {
                 return (full, false);
             }
             let full = all_gather(&ctx.comm, &source, &layout, op, Category::Local);
-            ctx.gathers.lock().unwrap().keep(&source, &layout, &full);
+            ctx.fallback
+                .kept
+                .lock()
+                .unwrap()
+                .keep(&source, &layout, &full);
             (full, false)
         }
         Layout::Replicated => (t.held(), true),

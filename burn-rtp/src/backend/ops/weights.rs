@@ -1,42 +1,27 @@
-//! How a module op uses its weight under each strategy: whole (replicated or local), gathered
-//! for the op (FSDP), or rotated shard by shard around the ring (RTP). Linear and Embedding
-//! `match` on [`WeightUse`] once per op; the helpers here are what those arms share.
+//! How a module op uses its weight: whole (replicated or local), gathered for the op (FSDP),
+//! or rotated shard by shard around the ring (RTP), as the rank's strategy rules
+//! (`backend::strategy`). Linear and Embedding `match` on [`WeightUse`] once per op; the
+//! helpers here are what those arms share.
 
 use super::Float;
 use crate::backend::rank::RankCtx;
+pub(super) use crate::backend::strategy::WeightUse;
 use crate::backend::tensor::RtpTensor;
 use crate::comm::collectives::reduce_scatter_columns;
-use crate::config::Strategy;
 use crate::state::accounting::Held;
 use crate::state::sharding::{Layout, ShardSpec};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Scalar, Shape, TensorMetadata};
 use std::sync::Arc;
 
-/// How a module op uses a weight.
-pub(super) enum WeightUse {
-    /// Held whole on this rank (replicated, or a per-rank tensor): the inner op as it is.
-    Whole,
-    /// Sharded under FSDP: all-gathered for the op, the gradient reduce-scattered.
-    Gathered(ShardSpec),
-    /// Sharded under RTP: the shards rotate, the gradient travels to its home.
-    Rotated(ShardSpec),
+/// The use of `weight` under its rank's strategy.
+pub(super) fn use_of<B: Backend>(weight: &RtpTensor<B>) -> WeightUse {
+    use_of_layout(&weight.layout, &weight.ctx)
 }
 
-impl WeightUse {
-    /// The use of `weight` under its rank's strategy.
-    pub(super) fn of<B: Backend>(weight: &RtpTensor<B>) -> Self {
-        Self::of_layout(&weight.layout, &weight.ctx)
-    }
-
-    /// The use of a weight of `layout` (as a forward record kept it) on `ctx`'s rank.
-    pub(super) fn of_layout<B: Backend>(layout: &Layout, ctx: &RankCtx<B>) -> Self {
-        match (layout, ctx.comm.config.strategy) {
-            (Layout::Sharded(spec), Strategy::Fsdp) => Self::Gathered(spec.clone()),
-            (Layout::Sharded(spec), _) => Self::Rotated(spec.clone()),
-            _ => Self::Whole,
-        }
-    }
+/// The use of a weight of `layout` (as a forward record kept it) on `ctx`'s rank.
+pub(super) fn use_of_layout<B: Backend>(layout: &Layout, ctx: &RankCtx<B>) -> WeightUse {
+    ctx.rules().weight_use(layout)
 }
 
 /// A per-rank result.

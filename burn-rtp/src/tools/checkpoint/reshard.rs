@@ -14,8 +14,9 @@
 //! whole. A world of one rank under DDP gets the whole model: that is consolidation.
 
 use super::{model_file, optim_file, Checkpoint, CheckpointError, Target};
+use crate::backend::strategy::placement;
 use crate::state::shard_io::{ShardIo, ShardMap};
-use crate::state::sharding::{copy_columns, placement, ShardRange, ShardSpec};
+use crate::state::sharding::{copy_columns, ShardRange, ShardSpec};
 use burn::tensor::Shape;
 use rmpv::Value;
 use std::collections::{BTreeSet, HashMap};

@@ -74,11 +74,12 @@ mod predict;
 mod probe;
 
 use crate::backend::device::RtpDevice;
+use crate::backend::strategy::{placement, rules, ModelShapes};
 use crate::config::{
     ActivationCheckpointing, RotationMode, RtpConfig, Strategy, DEFAULT_SHARD_THRESHOLD,
 };
 use crate::state::accounting::{human_bytes, MemoryStats};
-use crate::state::sharding::{placement, ShardSpec};
+use crate::state::sharding::ShardSpec;
 use crate::RtpResult;
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::backend::Backend;
@@ -187,16 +188,7 @@ pub struct PhaseMakeUp {
     pub local: PerSample,
 }
 
-/// In-flight bytes at the moments of a step that can make its peak.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Buffers {
-    /// During the forward pass.
-    pub forward: u64,
-    /// During the backward pass.
-    pub backward: u64,
-    /// During the update.
-    pub update: u64,
-}
+pub use crate::backend::strategy::Buffers;
 
 /// One prediction: rank 0's peak bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -38,102 +38,14 @@ impl Planner {
         if world == 1 {
             return Buffers::default();
         }
-        let t = self.config.shard_threshold;
-        let sharded = |s: &Shape| placement(strategy, s, world, t).is_some();
-        let full = |s: &Shape| (s.num_elements() * self.elem) as u64;
-        let shard = |s: &Shape| rank0_shard_bytes(s, world, self.elem);
-        // A layer's bundle: a weight of two or more dimensions and the bias after it; the
-        // largest among the layers `keep` accepts.
-        let largest = |size: &dyn Fn(&Shape) -> u64, keep: &dyn Fn(&Shape) -> bool| -> u64 {
-            let mut best = 0;
-            for (i, s) in self.shapes.iter().enumerate() {
-                if s.num_dims() < 2 || !sharded(s) || !keep(s) {
-                    continue;
-                }
-                let mut bytes = size(s);
-                if let Some(bias) = self.shapes.get(i + 1) {
-                    let last = s[s.num_dims() - 1];
-                    if bias.num_dims() == 1 && bias[0] == last && sharded(bias) {
-                        bytes += size(bias);
-                    }
-                }
-                best = best.max(bytes);
-            }
-            best
+        let model = ModelShapes {
+            shapes: &self.shapes,
+            elem: self.elem,
+            threshold: self.config.shard_threshold,
+            bucket_bytes: self.config.ddp_bucket_bytes,
+            split,
         };
-        let bundles = |size: &dyn Fn(&Shape) -> u64| largest(size, &|_| true);
-        match strategy {
-            Strategy::Rtp => {
-                let bundle = bundles(&shard);
-                let is_split = |s: &Shape| split.contains(s);
-                let whole = largest(&shard, &|s| !is_split(s));
-                let halves = largest(&shard, &is_split);
-                // Forward: the bundle computed on and the next one arriving. Backward: those
-                // two, the travelling gradient and the next one; at N = 2 the first bundle on
-                // hand is the rank's own (model state). With rendezvous sends (the in-process
-                // default, and MPI's protocol for large messages) no sent bundle outlives its
-                // exchange; buffered in-process sends let a rank run ahead and keep several,
-                // as many as the scheduling allows, which this rule does not model. A layer
-                // whose backward runs as two passes (its input recomputed under activation
-                // checkpointing) holds two at a time: the rotating bundles for dX, then the
-                // travelling gradients for dW.
-                Buffers {
-                    forward: 2 * bundle,
-                    backward: (if world == 2 { 3 } else { 4 } * whole).max(2 * halves),
-                    update: 0,
-                }
-            }
-            Strategy::Fsdp => {
-                // Forward: a layer's gathered weight and bias while it computes (the next
-                // layer's, gathered ahead, replaces it as the last layer's output becomes the
-                // activations' peak). Backward: those, while the parts of the next gather (or
-                // the chunks of the gradient's reduce-scatter) arrive, and the next weight
-                // gathered ahead. The backward gathers a weight for dX in every layer but the
-                // first (whose input is the data), so it has a next weight to gather ahead
-                // only in a model of three weights or more.
-                let full = bundles(&full);
-                let weights = self
-                    .shapes
-                    .iter()
-                    .filter(|s| s.num_dims() >= 2 && sharded(s))
-                    .count();
-                let ahead = if weights >= 3 { full } else { 0 };
-                Buffers {
-                    forward: full,
-                    backward: (full as f64 * (2.0 - 1.0 / world as f64)).round() as u64 + ahead,
-                    update: 0,
-                }
-            }
-            Strategy::Ddp if self.config.ddp_bucket_bytes > 0 => {
-                // With buckets, the step starts with the sum of every bucketed gradient beside
-                // the gradient itself (each one at least N elements; the few others, such as
-                // LayerNorm gains, are counted too, a slight overestimate), while the last
-                // bucket's chunks arrive.
-                let bucketed: u64 = self
-                    .shapes
-                    .iter()
-                    .filter(|s| s.num_elements() >= world)
-                    .map(full)
-                    .sum();
-                let last = bucketed.min(self.config.ddp_bucket_bytes as u64);
-                Buffers {
-                    forward: 0,
-                    backward: 0,
-                    update: bucketed + last.div_ceil(world as u64),
-                }
-            }
-            Strategy::Ddp => {
-                // The update all-reduces each gradient in chunks of 1/N, one in flight at a
-                // time (a received chunk is copied into its window of the sum, not into a
-                // block of its own), and assembles its sum in a full-size buffer.
-                let largest = self.shapes.iter().map(full).max().unwrap_or(0);
-                Buffers {
-                    forward: 0,
-                    backward: 0,
-                    update: largest.div_ceil(world as u64) + largest,
-                }
-            }
-        }
+        rules(strategy).in_flight(&model, world)
     }
 
     /// Rank 0's predicted peak under `strategy` at `world` ranks with `batch` samples per rank,

@@ -220,7 +220,7 @@ where
                     compute,
                     update,
                 };
-                let halves = device.ctx.split_passes.lock().unwrap().clone();
+                let halves = device.ctx.linear.split_passes.lock().unwrap().clone();
                 (visitor.shapes, visitor.elem, measured, halves)
             })?;
             let (s, elem, measured, halves) = out.remove(0);

@@ -11,13 +11,10 @@
 //! never a wrong weight. Every rank runs the same program, so every rank makes the same
 //! predictions and starts the same gathers.
 
-use crate::state::accounting::{Charge, Float, Held};
-use crate::state::sharding::Layout;
+use crate::backend::strategy::Param;
+use crate::state::accounting::{Charge, Held};
 use burn::tensor::backend::Backend;
 use std::sync::{Arc, Mutex};
-
-/// A registered parameter: its identity, this rank's shard and its layout.
-pub(crate) type Param<B> = (Arc<Charge>, Float<B>, Layout);
 
 /// Where the worker leaves a prefetched gather.
 pub(crate) type Slot<B> = Arc<Mutex<Option<Held<B>>>>;
