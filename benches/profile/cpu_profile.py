@@ -88,7 +88,7 @@ def run(args, steps):
     cmd = ["mpirun", "--oversubscribe", "--allow-run-as-root", "-np", str(args.ranks),
            "-x", "MASTER_ADDR=127.0.0.1", "-x", f"MASTER_PORT={args.port}", wrapper]
     if args.runner.startswith("ours"):
-        cmd += [args.exe, "--mpi-worker", json.dumps(job)]
+        cmd += [args.exe, "worker", "job", json.dumps(job)]
     else:
         script = os.path.join(os.path.dirname(__file__), "..", "peers", "pytorch", "gpt_peer.py")
         cmd += [args.python, script, "--strategy", strategy, "--job", json.dumps(job)]

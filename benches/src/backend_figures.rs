@@ -3,7 +3,7 @@
 //! alternating. It says which CPU backend a rank should run on, and what the decorator costs
 //! on each.
 
-use crate::report::add_section;
+use crate::runner::add_section;
 use crate::{median, models, Case, Driver, InnerBackend, Variant};
 use burn::backend::{Flex, NdArray};
 use serde_json::{json, Map, Value};

@@ -9,15 +9,11 @@
 //! the same rows at the same global batch, on wgpu, each in a child process of the report
 //! (feature `wgpu`), so that each one's peak resident set is its own.
 
-use crate::report::add_section;
+use crate::runner::add_section;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::path::Path;
 use std::process::Command;
-
-/// The flag with which the report starts itself to run one of our strategies on the peer's
-/// model (`--peer-ours ddp|rtp`).
-pub const OURS_FLAG: &str = "--peer-ours";
 
 /// Our strategies on the peer's model, in the order they run.
 pub const OURS: [&str; 2] = ["ddp", "rtp"];
@@ -172,7 +168,7 @@ fn ours_markdown(peer: &Value) -> String {
 }
 
 /// Runs one of our strategies on the peer's model in a child process (`report`, this
-/// program, with [`OURS_FLAG`]) and reads what it measured.
+/// program, as `worker peer`) and reads what it measured.
 fn run_ours_child(
     report: &Path,
     strategy: &str,
@@ -180,14 +176,16 @@ fn run_ours_child(
     scratch: &Path,
 ) -> Result<OursRun, Box<dyn std::error::Error>> {
     let out = scratch.join(format!("ours-{strategy}.json"));
-    let arg = |k: &str| peer[k].as_u64().unwrap_or_default().to_string();
-    let status = Command::new(report)
-        .args([OURS_FLAG, strategy])
-        .args(["--peer-steps", &arg("steps"), "--peer-batch", &arg("batch")])
-        .args(["--peer-hidden", &arg("hidden")])
-        .arg("--out")
-        .arg(&out)
-        .status()?;
+    let arg = |k: &str| peer[k].as_u64().unwrap_or_default() as usize;
+    let status = crate::worker::Worker::Peer {
+        strategy: strategy.to_string(),
+        steps: arg("steps"),
+        batch: arg("batch"),
+        hidden: arg("hidden"),
+        out: out.clone(),
+    }
+    .command(report)
+    .status()?;
     if !status.success() {
         return Err(format!("burn-rtp {strategy} on the peer's model exited with {status}").into());
     }

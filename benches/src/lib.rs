@@ -12,9 +12,12 @@ pub mod mpi_speed;
 pub mod net_report;
 pub mod peer_mlp;
 pub mod planner_check;
+pub mod plot;
 pub mod report;
+pub mod runner;
 #[cfg(feature = "wgpu")]
 pub mod wgpu_figures;
+pub mod worker;
 
 use burn::backend::autodiff::checkpoint::strategy::{
     BalancedCheckpointing, CheckpointStrategy, NoCheckpointing,

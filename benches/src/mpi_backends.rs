@@ -4,7 +4,7 @@
 //! `scaling-report --transport mpi --backends`.
 
 use crate::mpi_report::{run_job, Job, MpiReportConfig};
-use crate::report::add_section;
+use crate::runner::add_section;
 use crate::{median, InnerBackend, Variant};
 use burn_rtp::{human_bytes, ActivationCheckpointing};
 use serde_json::{json, Map, Value};

@@ -4,7 +4,7 @@
 //! `scaling-report --transport mpi --pytorch PYTHON --speed`.
 
 use crate::mpi_report::{run_job, run_peer, Job, JobResult, MpiReportConfig, Runner};
-use crate::report::add_section;
+use crate::runner::add_section;
 use crate::{median, InnerBackend, Variant};
 use burn_rtp::ActivationCheckpointing;
 use serde_json::{json, Map, Value};

@@ -4,7 +4,7 @@
 //! both ranks on 2 cores): these figures say whether the fused path pays off there, not what
 //! a GPU would do.
 
-use crate::report::add_section;
+use crate::runner::add_section;
 use crate::{median, models, Case, Driver, Variant};
 use burn::backend::Wgpu;
 use burn_rtp::set_fused_kernels;

@@ -1,6 +1,9 @@
 //! `scaling-report` in its tiny configuration writes the three kinds of file, and the JSON
 //! has every headline key with a finite value.
 
+use burn_rtp_benches::report::ReportConfig;
+use burn_rtp_benches::runner::Report;
+
 #[test]
 fn tiny_scaling_report_writes_json_markdown_and_plots() {
     let out = std::env::temp_dir().join(format!("burn-rtp-scaling-{}", std::process::id()));
@@ -13,7 +16,7 @@ fn tiny_scaling_report_writes_json_markdown_and_plots() {
     assert!(status.success(), "scaling-report failed: {status}");
     let json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).unwrap()).unwrap();
-    burn_rtp_benches::report::check_keys(&json).unwrap();
+    ReportConfig::tiny(out.clone()).check_keys(&json).unwrap();
     for table in [
         "memory",
         "step_time",

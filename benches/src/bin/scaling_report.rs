@@ -18,20 +18,29 @@
 //! NdArray against Flex, config A in-process (single, and DDP and RTP at N = 4): add
 //! `--backends`; with `--backends-only`, only that section is (re)written. With `--transport
 //! mpi`, the same at N = 4 processes (DDP and RTP) goes into the MPI report.
+//!
+//! The reports start this binary again in the roles of `scaling-report worker` (an MPI job's
+//! rank, a link probe's rank, our strategies on Burn's peer model); that subcommand is hidden
+//! and takes no report flags.
 
 use burn_rtp::{MpiProgress, TransportKind};
-use burn_rtp_benches::mpi_report::{self, Job, MpiReportConfig};
-use burn_rtp_benches::net_report::{self, NetReportConfig};
-use burn_rtp_benches::report::{check_keys, default_out, run, ReportConfig};
-use clap::Parser;
-use serde_json::Value;
+use burn_rtp_benches::mpi_report::{self, MpiReport, MpiReportConfig};
+use burn_rtp_benches::net_report::{NetReport, NetReportConfig};
+use burn_rtp_benches::report::ReportConfig;
+use burn_rtp_benches::runner::{self, default_out, stamped_log, Report};
+use burn_rtp_benches::worker::Worker;
+use clap::{Parser, Subcommand};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::Instant;
 
 /// Measure RTP beside DDP and FSDP and write a scaling report.
 #[derive(Parser, Debug)]
-#[command(version, about)]
+#[command(version, about, args_conflicts_with_subcommands = true)]
 struct Cli {
+    /// An internal role instead of a report.
+    #[command(subcommand)]
+    command: Option<Command>,
     /// Output folder.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -111,31 +120,41 @@ struct Cli {
     /// With `--net`: the cluster script [default: benches/net/cluster.sh of this source tree].
     #[arg(long, value_name = "SCRIPT")]
     net_script: Option<PathBuf>,
-    /// Internal: probe a link as this process's rank (started by `--net`).
-    #[arg(long, hide = true)]
-    net_probe: Option<String>,
-    /// Internal: run one job as this process's rank (started by mpirun).
-    #[arg(long, hide = true)]
-    mpi_worker: Option<String>,
-    /// Internal: train Burn's peer model under this strategy of ours (`ddp` or `rtp`) and
-    /// write what it measured to `--out` (started by `--burn-ddp`).
-    #[arg(long, hide = true)]
-    peer_ours: Option<String>,
-    /// Internal, with `--peer-ours`: training steps.
-    #[arg(long, hide = true, default_value_t = 20)]
-    peer_steps: usize,
-    /// Internal, with `--peer-ours`: global batch.
-    #[arg(long, hide = true, default_value_t = 64)]
-    peer_batch: usize,
-    /// Internal, with `--peer-ours`: hidden width.
-    #[arg(long, hide = true, default_value_t = 256)]
-    peer_hidden: usize,
+}
+
+/// What the binary runs instead of a report.
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Internal: a role in which the reports start this binary again.
+    #[command(hide = true)]
+    Worker {
+        /// The role.
+        #[command(subcommand)]
+        role: Worker,
+    },
+}
+
+/// This program, which `mpirun` (or the cluster, or a child process) starts again as a
+/// worker; `None` after saying why it cannot be found.
+fn this_exe(purpose: &str) -> Option<PathBuf> {
+    match std::env::current_exe() {
+        Ok(exe) => Some(exe),
+        Err(e) => {
+            eprintln!("error: cannot find this program {purpose}: {e}");
+            None
+        }
+    }
+}
+
+/// Whether the command line asks for small models.
+fn quick(cli: &Cli) -> bool {
+    cli.quick || cli.tiny
 }
 
 /// The MPI report's settings, as the command line asks.
 fn mpi_config(cli: &Cli) -> MpiReportConfig {
     let out = cli.out.clone().unwrap_or_else(default_out);
-    let mut cfg = if cli.quick || cli.tiny {
+    let mut cfg = if quick(cli) {
         MpiReportConfig::quick(out)
     } else {
         MpiReportConfig::full(out)
@@ -152,22 +171,53 @@ fn mpi_config(cli: &Cli) -> MpiReportConfig {
     cfg
 }
 
+/// The shaped-network report's settings, as the command line asks.
+fn net_config(cli: &Cli, out: PathBuf) -> NetReportConfig {
+    let script = cli
+        .net_script
+        .clone()
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("net/cluster.sh"));
+    let mut net = if quick(cli) {
+        NetReportConfig::quick(out, script)
+    } else {
+        NetReportConfig::full(out, script)
+    };
+    if let Some(r) = cli.repeats {
+        net.repeats = r.max(1);
+    }
+    net
+}
+
+/// The in-process report's settings, as the command line asks.
+fn in_process_config(cli: &Cli) -> ReportConfig {
+    let out = cli.out.clone().unwrap_or_else(default_out);
+    let mut cfg = if cli.tiny {
+        ReportConfig::tiny(out)
+    } else {
+        ReportConfig::full(out)
+    };
+    if let Some(cap) = cli.cap_bytes {
+        cfg.cap_bytes = cap;
+    }
+    if let Some(r) = cli.repeats {
+        cfg.repeats = r.max(1);
+    }
+    cfg
+}
+
+/// `--transport mpi`: the planner's grid, the activation section, the shaped-network report
+/// or the MPI report, as the flags ask.
 fn main_mpi(cli: &Cli) -> ExitCode {
     if !cfg!(feature = "mpi") {
         eprintln!("error: --transport mpi needs `--features mpi` (and Open MPI: apt-get install libopenmpi-dev openmpi-bin libclang-dev)");
         return ExitCode::FAILURE;
     }
     let cfg = mpi_config(cli);
-    let exe = match std::env::current_exe() {
-        Ok(exe) => exe,
-        Err(e) => {
-            eprintln!("error: cannot find this program to start under mpirun: {e}");
-            return ExitCode::FAILURE;
-        }
+    let Some(exe) = this_exe("to start under mpirun") else {
+        return ExitCode::FAILURE;
     };
     if cli.planner_only {
-        let started = std::time::Instant::now();
-        let log = |msg: &str| eprintln!("[{:>6.1} s] {msg}", started.elapsed().as_secs_f64());
+        let log = stamped_log(Instant::now());
         let scratch = cfg.out.join("jobs");
         if let Err(e) = std::fs::create_dir_all(&scratch) {
             eprintln!("error: cannot create {}: {e}", scratch.display());
@@ -194,28 +244,11 @@ fn main_mpi(cli: &Cli) -> ExitCode {
         };
     }
     if cli.net {
-        let script = cli
-            .net_script
-            .clone()
-            .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("net/cluster.sh"));
-        let out = cfg.out.clone();
-        let mut net = if cli.quick || cli.tiny {
-            NetReportConfig::quick(out.clone(), script)
-        } else {
-            NetReportConfig::full(out.clone(), script)
-        };
-        if let Some(r) = cli.repeats {
-            net.repeats = r.max(1);
-        }
-        let check = if cli.quick || cli.tiny {
-            net_report::check_quick
-        } else {
-            net_report::check_keys
-        };
-        return measure(&out, 1, check, |log| net_report::run(&net, &exe, log));
+        let cfg = net_config(cli, cfg.out);
+        return write_report(&NetReport { cfg, exe });
     }
-    let out = cfg.out.clone();
     if cli.activations_only {
+        let out = cfg.out.clone();
         return activations_only(&out, |log| {
             let section = mpi_report::activation_cells(&cfg, &exe, log)?;
             Ok((
@@ -227,9 +260,7 @@ fn main_mpi(cli: &Cli) -> ExitCode {
             ))
         });
     }
-    measure(&out, 3, mpi_report::check_keys, |log| {
-        mpi_report::run(&cfg, &exe, log)
-    })
+    write_report(&MpiReport { cfg, exe })
 }
 
 /// What an activation section run returns: its figures, its heading, markdown and details,
@@ -246,19 +277,13 @@ type ActivationSection = (
 /// `out`.
 fn activations_only(
     out: &Path,
-    run: impl FnOnce(&dyn Fn(&str)) -> Result<ActivationSection, Box<dyn std::error::Error>>,
+    run: impl FnOnce(&dyn Fn(&str)) -> Result<ActivationSection, runner::Failure>,
 ) -> ExitCode {
-    let started = std::time::Instant::now();
-    let log = |msg: &str| eprintln!("[{:>6.1} s] {msg}", started.elapsed().as_secs_f64());
+    let started = Instant::now();
+    let log = stamped_log(started);
     let added = run(&log).and_then(|(figures, heading, md, details, table)| {
-        burn_rtp_benches::report::add_section(
-            out,
-            heading,
-            &md,
-            "activation_checkpointing",
-            &details,
-        )?;
-        burn_rtp_benches::report::add_figures(out, &figures, table)?;
+        runner::add_section(out, heading, &md, "activation_checkpointing", &details)?;
+        runner::add_figures(out, &figures, table)?;
         Ok(figures)
     });
     match added {
@@ -277,24 +302,16 @@ fn activations_only(
     }
 }
 
-/// Runs a report with a timestamped log, checks its keys and says what it wrote.
-fn measure(
-    out: &Path,
-    plots: usize,
-    check: fn(&Value) -> Result<(), String>,
-    run: impl FnOnce(&dyn Fn(&str)) -> Result<Value, Box<dyn std::error::Error>>,
-) -> ExitCode {
-    let started = std::time::Instant::now();
-    let log = |msg: &str| eprintln!("[{:>6.1} s] {msg}", started.elapsed().as_secs_f64());
-    match run(&log) {
-        Ok(report) => {
-            if let Err(e) = check(&report) {
-                eprintln!("error: incomplete report: {e}");
-                return ExitCode::FAILURE;
-            }
+/// Runs `report` with a timestamped log (which writes its files and checks its keys) and says
+/// what it wrote.
+fn write_report<R: Report>(report: &R) -> ExitCode {
+    let started = Instant::now();
+    match runner::run(report, &stamped_log(started)) {
+        Ok(written) => {
             println!(
-                "wrote {}/report.json, report.md and {plots} SVG plots in {:.0} s",
-                out.display(),
+                "wrote {}/report.json, report.md and {} SVG plots in {:.0} s",
+                report.out().display(),
+                written.plots.len(),
                 started.elapsed().as_secs_f64()
             );
             ExitCode::SUCCESS
@@ -309,36 +326,20 @@ fn measure(
 /// Adds Burn's own DDP (the peer binary's findings), and ours on its model, to the report in
 /// `out`.
 fn add_burn_ddp(bin: &Path, out: &Path) -> ExitCode {
-    let exe = match std::env::current_exe() {
-        Ok(exe) => exe,
-        Err(e) => {
-            eprintln!(
-                "error: cannot find this program to run our strategies on the peer's model: {e}"
-            );
-            return ExitCode::FAILURE;
-        }
+    let Some(exe) = this_exe("to run our strategies on the peer's model") else {
+        return ExitCode::FAILURE;
     };
-    match burn_rtp_benches::burn_ddp::add_to_report(bin, out, &exe) {
-        Ok(summary) => {
-            println!("Burn DDP peer: {summary}");
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("error: Burn DDP peer: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    section_status(
+        "Burn DDP peer",
+        burn_rtp_benches::burn_ddp::add_to_report(bin, out, &exe),
+    )
 }
 
 /// Adds the wgpu figures to the report in `out`.
 fn add_wgpu(cli: &Cli, out: &Path) -> ExitCode {
     #[cfg(feature = "wgpu")]
     {
-        let (repeats, steps) = if cli.quick || cli.tiny {
-            (3, 1)
-        } else {
-            (5, 3)
-        };
+        let (repeats, steps) = if quick(cli) { (3, 1) } else { (5, 3) };
         let log = |m: &str| eprintln!("{m}");
         section_status(
             "wgpu, config A at N = 2",
@@ -353,62 +354,137 @@ fn add_wgpu(cli: &Cli, out: &Path) -> ExitCode {
     }
 }
 
+/// Adds ours against PyTorch on the same cores to the MPI report in `--out`.
+fn add_speed(cli: &Cli) -> ExitCode {
+    let log = |m: &str| eprintln!("{m}");
+    let (Some(python), TransportKind::Mpi) = (&cli.pytorch, cli.transport) else {
+        eprintln!("error: --speed needs --transport mpi and --pytorch PYTHON");
+        return ExitCode::FAILURE;
+    };
+    let Some(exe) = this_exe("to start under mpirun") else {
+        return ExitCode::FAILURE;
+    };
+    let repeats = cli.repeats.unwrap_or(if quick(cli) { 1 } else { 3 });
+    section_status(
+        "speed against PyTorch",
+        burn_rtp_benches::mpi_speed::add_to_report(
+            &mpi_config(cli),
+            &exe,
+            python,
+            repeats.max(1),
+            &log,
+        ),
+    )
+}
+
+/// Adds the inner backends' figures to the report in `out`: in-process, or with
+/// `--transport mpi` each cell as its own `mpirun` job.
+fn add_backends(cli: &Cli, out: &Path) -> ExitCode {
+    let log = |m: &str| eprintln!("{m}");
+    if cli.transport == TransportKind::Mpi {
+        let Some(exe) = this_exe("to start under mpirun") else {
+            return ExitCode::FAILURE;
+        };
+        let cfg = mpi_config(cli);
+        let repeats = cli.repeats.unwrap_or(if quick(cli) { 1 } else { 3 });
+        return section_status(
+            "inner backends under MPI, config A at N = 4",
+            burn_rtp_benches::mpi_backends::add_to_report(&cfg, &exe, repeats.max(1), &log),
+        );
+    }
+    let (repeats, steps) = if quick(cli) { (2, 1) } else { (5, 3) };
+    section_status(
+        "inner backends, config A",
+        burn_rtp_benches::backend_figures::add_to_report(out, repeats, steps, &log),
+    )
+}
+
+/// Prints what adding a report section gave (its summary, or its error) as the exit status.
+fn section_status(what: &str, added: Result<String, runner::Failure>) -> ExitCode {
+    match added {
+        Ok(summary) => {
+            println!("{what}: {summary}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {what}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs `role` in this process: an MPI job's rank, a link probe's rank, or our strategy on
+/// Burn's peer model.
+fn worker(role: &Worker) -> ExitCode {
+    let done = match role {
+        Worker::Job { job } => serde_json::from_str(job)
+            .map_err(|e| format!("unreadable job: {e}"))
+            .and_then(|job| mpi_report::worker(&job)),
+        Worker::Probe { probe } => net_probe(probe),
+        Worker::Peer {
+            strategy,
+            steps,
+            batch,
+            hidden,
+            out,
+        } => peer_ours(
+            strategy,
+            burn_rtp_benches::burn_ddp::OursSettings {
+                steps: *steps,
+                batch: *batch,
+                hidden: *hidden,
+            },
+            out,
+        ),
+    };
+    match done {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 /// Trains Burn's peer model under one of our strategies (the child of `--burn-ddp`).
-fn peer_ours(cli: &Cli, strategy: &str) -> ExitCode {
+fn peer_ours(
+    strategy: &str,
+    settings: burn_rtp_benches::burn_ddp::OursSettings,
+    out: &Path,
+) -> Result<(), String> {
     #[cfg(feature = "wgpu")]
     {
-        let settings = burn_rtp_benches::burn_ddp::OursSettings {
-            steps: cli.peer_steps,
-            batch: cli.peer_batch,
-            hidden: cli.peer_hidden,
-        };
-        let out = cli
-            .out
-            .clone()
-            .unwrap_or_else(|| PathBuf::from("peer-ours.json"));
-        match burn_rtp_benches::burn_ddp::ours_child(strategy, settings, &out) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("error: burn-rtp {strategy} on the peer's model: {e}");
-                ExitCode::FAILURE
-            }
-        }
+        burn_rtp_benches::burn_ddp::ours_child(strategy, settings, out)
+            .map_err(|e| format!("burn-rtp {strategy} on the peer's model: {e}"))
     }
     #[cfg(not(feature = "wgpu"))]
     {
-        let _ = cli;
-        eprintln!("error: burn-rtp {strategy} on the peer's model needs `--features wgpu`");
-        ExitCode::FAILURE
+        let _ = (settings, out);
+        Err(format!(
+            "burn-rtp {strategy} on the peer's model needs `--features wgpu`"
+        ))
     }
 }
 
 /// Runs a link probe as this process's rank (the child of `--net`).
-fn net_probe(probe: &str) -> ExitCode {
+fn net_probe(probe: &str) -> Result<(), String> {
     #[cfg(feature = "mpi")]
     {
-        let result = serde_json::from_str(probe)
+        serde_json::from_str(probe)
             .map_err(|e| format!("unreadable probe: {e}"))
-            .and_then(|p| net_report::probe_worker(&p));
-        match result {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("error: {e}");
-                ExitCode::FAILURE
-            }
-        }
+            .and_then(|p| burn_rtp_benches::net_report::probe_worker(&p))
     }
     #[cfg(not(feature = "mpi"))]
     {
         let _ = probe;
-        eprintln!("error: a link probe needs `--features mpi`");
-        ExitCode::FAILURE
+        Err("a link probe needs `--features mpi`".into())
     }
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let Some(strategy) = &cli.peer_ours {
-        return peer_ours(&cli, strategy);
+    if let Some(Command::Worker { role }) = &cli.command {
+        return worker(role);
     }
     let mut status = report(&cli);
     let out = cli.out.clone().unwrap_or_else(default_out);
@@ -427,103 +503,10 @@ fn main() -> ExitCode {
     status
 }
 
-/// Adds ours against PyTorch on the same cores to the MPI report in `--out`.
-fn add_speed(cli: &Cli) -> ExitCode {
-    let log = |m: &str| eprintln!("{m}");
-    let (Some(python), TransportKind::Mpi) = (&cli.pytorch, cli.transport) else {
-        eprintln!("error: --speed needs --transport mpi and --pytorch PYTHON");
-        return ExitCode::FAILURE;
-    };
-    let exe = match std::env::current_exe() {
-        Ok(exe) => exe,
-        Err(e) => {
-            eprintln!("error: cannot find this program to start under mpirun: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let repeats = cli
-        .repeats
-        .unwrap_or(if cli.quick || cli.tiny { 1 } else { 3 });
-    section_status(
-        "speed against PyTorch",
-        burn_rtp_benches::mpi_speed::add_to_report(
-            &mpi_config(cli),
-            &exe,
-            python,
-            repeats.max(1),
-            &log,
-        ),
-    )
-}
-
-/// Adds the inner backends' figures to the report in `out`: in-process, or with
-/// `--transport mpi` each cell as its own `mpirun` job.
-fn add_backends(cli: &Cli, out: &Path) -> ExitCode {
-    let log = |m: &str| eprintln!("{m}");
-    if cli.transport == TransportKind::Mpi {
-        let exe = match std::env::current_exe() {
-            Ok(exe) => exe,
-            Err(e) => {
-                eprintln!("error: cannot find this program to start under mpirun: {e}");
-                return ExitCode::FAILURE;
-            }
-        };
-        let cfg = mpi_config(cli);
-        let repeats = cli
-            .repeats
-            .unwrap_or(if cli.quick || cli.tiny { 1 } else { 3 });
-        return section_status(
-            "inner backends under MPI, config A at N = 4",
-            burn_rtp_benches::mpi_backends::add_to_report(&cfg, &exe, repeats.max(1), &log),
-        );
-    }
-    let (repeats, steps) = if cli.quick || cli.tiny {
-        (2, 1)
-    } else {
-        (5, 3)
-    };
-    section_status(
-        "inner backends, config A",
-        burn_rtp_benches::backend_figures::add_to_report(out, repeats, steps, &log),
-    )
-}
-
-/// Prints what adding a report section gave (its summary, or its error) as the exit status.
-fn section_status(what: &str, added: Result<String, Box<dyn std::error::Error>>) -> ExitCode {
-    match added {
-        Ok(summary) => {
-            println!("{what}: {summary}");
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("error: {what}: {e}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
+/// The report the flags ask for (none when they ask only to add a section).
 fn report(cli: &Cli) -> ExitCode {
     if cli.burn_ddp_only || cli.wgpu_only || cli.backends_only || cli.speed_only {
         return ExitCode::SUCCESS;
-    }
-    if let Some(probe) = &cli.net_probe {
-        return net_probe(probe);
-    }
-    if let Some(job) = &cli.mpi_worker {
-        let job: Job = match serde_json::from_str(job) {
-            Ok(job) => job,
-            Err(e) => {
-                eprintln!("error: unreadable job: {e}");
-                return ExitCode::FAILURE;
-            }
-        };
-        return match mpi_report::worker(&job) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("error: {e}");
-                ExitCode::FAILURE
-            }
-        };
     }
     if cli.planner_only && cli.transport == TransportKind::InProcess {
         let grid = if cli.tiny {
@@ -531,8 +514,7 @@ fn report(cli: &Cli) -> ExitCode {
         } else {
             burn_rtp_benches::planner_check::full_grid()
         };
-        let started = std::time::Instant::now();
-        let log = |msg: &str| eprintln!("[{:>6.1} s] {msg}", started.elapsed().as_secs_f64());
+        let log = stamped_log(Instant::now());
         return match burn_rtp_benches::planner_check::run(
             &grid,
             burn_rtp::ActivationCheckpointing::None,
@@ -551,12 +533,7 @@ fn report(cli: &Cli) -> ExitCode {
     if cli.transport == TransportKind::Mpi {
         return main_mpi(cli);
     }
-    let out = cli.out.clone().unwrap_or_else(default_out);
-    let mut cfg = if cli.tiny {
-        ReportConfig::tiny(out)
-    } else {
-        ReportConfig::full(out)
-    };
+    let cfg = in_process_config(cli);
     if cli.activations_only {
         let settings = cfg.activations.clone();
         return activations_only(&cfg.out, |log| {
@@ -570,11 +547,5 @@ fn report(cli: &Cli) -> ExitCode {
             ))
         });
     }
-    if let Some(cap) = cli.cap_bytes {
-        cfg.cap_bytes = cap;
-    }
-    if let Some(r) = cli.repeats {
-        cfg.repeats = r.max(1);
-    }
-    measure(&cfg.out, 5, check_keys, |log| run(&cfg, log))
+    write_report(&cfg)
 }
