@@ -5,7 +5,9 @@
 //!
 //! Under MPI (cargo feature `mpi`): `mpirun -np 4 target/release/examples/gpt`
 
-use burn_rtp::{human_bytes, ActivationCheckpointing, MpiProgress, RotationMode, TransportKind};
+use burn_rtp::{
+    human_bytes, ActivationCheckpointing, MpiProgress, RotationMode, Routing, TransportKind,
+};
 use burn_rtp_gpt::checkpoint::consolidate_checkpoint;
 use burn_rtp_gpt::trainer::StepEvent;
 use burn_rtp_gpt::{
@@ -135,6 +137,12 @@ struct TrainArgs {
     /// out-of-place | in-place
     #[arg(long, default_value = "out-of-place")]
     rotation: RotationMode,
+    /// weights | activations: what moves for a sharded Linear under rtp, the weight shards
+    /// around the ring, or each rank's activations to the shards' owners and back (fewer
+    /// bytes where a rank's tokens weigh less than its weights; every rank needs the same
+    /// batch size).
+    #[arg(long, default_value = "weights")]
+    routing: Routing,
     /// none | balanced: recompute memory-bound activations (normalisation, GELU, softmax,
     /// reshapes) in the backward pass instead of keeping them, as Burn's
     /// BalancedCheckpointing does. Same numbers, less activation memory.
@@ -671,6 +679,7 @@ fn main() -> ExitCode {
         cfg.peer_timeout = Some(std::time::Duration::from_secs_f64(secs));
     }
     cfg.rotation = a.rotation;
+    cfg.routing = a.routing;
     cfg.activation_checkpointing = a.activation_checkpointing;
     cfg.mpi_progress = a.mpi_progress;
     cfg.one_malloc_arena = !a.mpi_keep_malloc_arenas;
@@ -718,7 +727,10 @@ fn main() -> ExitCode {
             a.model.d_model,
             a.model.layers,
             a.model.seq,
-            a.strategy,
+            match (a.strategy.as_str(), a.routing) {
+                ("rtp", Routing::Activations) => "rtp (activations routed to the weights)".into(),
+                _ => a.strategy.clone(),
+            },
             ranks,
             a.steps,
             a.batch

@@ -8,6 +8,7 @@ pub mod checkpointing;
 pub mod figures;
 pub mod mpi_backends;
 pub mod mpi_report;
+pub mod mpi_routing;
 pub mod mpi_speed;
 pub mod net_report;
 pub mod peer_mlp;
@@ -53,6 +54,9 @@ pub struct Variant {
     /// default), or each on its own after it (the DDP this project had before buckets).
     #[serde(default = "yes")]
     pub buckets: bool,
+    /// RTP only: what moves for a sharded Linear, the weight shards or the activations.
+    #[serde(default)]
+    pub routing: burn_rtp::Routing,
 }
 
 fn yes() -> bool {
@@ -74,6 +78,12 @@ impl Variant {
     pub const RTP_OUT_OF_PLACE: Variant = Variant::of(Strategy::Rtp, RotationMode::OutOfPlace);
     /// RTP, single buffer.
     pub const RTP_IN_PLACE: Variant = Variant::of(Strategy::Rtp, RotationMode::InPlace);
+    /// RTP with the activations routed to the weight shards' owners instead of the shards
+    /// rotating (`Routing::Activations`).
+    pub const RTP_ROUTED: Variant = Variant {
+        routing: burn_rtp::Routing::Activations,
+        ..Variant::RTP_OUT_OF_PLACE
+    };
     /// Every variant, baselines first.
     pub const ALL: [Variant; 4] = [
         Variant::DDP,
@@ -93,6 +103,7 @@ impl Variant {
             strategy,
             rotation,
             buckets: true,
+            routing: burn_rtp::Routing::Weights,
         }
     }
 
@@ -100,7 +111,8 @@ impl Variant {
     pub fn config(self, ranks: usize) -> burn_rtp::RtpConfig {
         let config = burn_rtp::RtpConfig::new(ranks)
             .with_strategy(self.strategy)
-            .with_rotation(self.rotation);
+            .with_rotation(self.rotation)
+            .with_routing(self.routing);
         if self.buckets {
             config
         } else {
@@ -112,6 +124,7 @@ impl Variant {
     pub fn name(self) -> &'static str {
         match (self.strategy, self.rotation) {
             (Strategy::Ddp, _) if !self.buckets => "ddp-unbucketed",
+            (Strategy::Rtp, _) if self.routing == burn_rtp::Routing::Activations => "rtp-routed",
             (Strategy::Ddp, _) => "ddp",
             (Strategy::Fsdp, _) => "fsdp",
             (Strategy::Rtp, RotationMode::OutOfPlace) => "rtp-oop",

@@ -6,7 +6,7 @@
 use crate::mpi_report::{run_job, Job, MpiReportConfig};
 use crate::runner::add_section;
 use crate::{median, InnerBackend, Variant};
-use burn_rtp::{human_bytes, ActivationCheckpointing};
+use burn_rtp::human_bytes;
 use serde_json::{json, Map, Value};
 use std::path::Path;
 
@@ -46,19 +46,10 @@ pub fn measure(
         for k in 0..n {
             let (variant, backend, steps, ledgers, rss) = &mut cells[(round + k) % n];
             let name = format!("{}-{}", variant.name(), backend.name());
+            let out = scratch.join(format!("backends-a-{RANKS}-{name}.json"));
             let job = Job {
-                variant: *variant,
-                model: a.model.clone(),
-                batch_per_rank: a.batch_per_rank,
-                warmup: cfg.warmup,
-                steps: cfg.steps,
-                out: scratch.join(format!("backends-a-{RANKS}-{name}.json")),
-                mpi_progress: cfg.mpi_progress,
-                timeline: None,
-                activation_checkpointing: ActivationCheckpointing::None,
                 backend: *backend,
-                threads: None,
-                fused_activations: true,
+                ..cfg.job(a, *variant, out)
             };
             let r = run_job(exe, RANKS, &job, None, &[])?.ok_or("a job failed")?;
             let step = median(&r.step_s) * 1e3;

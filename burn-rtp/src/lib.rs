@@ -143,8 +143,8 @@ pub use backend::strategy::placement as shard_placement;
 pub use backend::tensor::RtpTensor;
 pub use burn_rtp_kernels::{set_fused_kernels, KernelPath, RotationKernels};
 pub use config::{
-    check_rank, ActivationCheckpointing, Chaos, Delivery, MpiProgress, RotationMode, RtpConfig,
-    Strategy, TransportKind, DEFAULT_DDP_BUCKET_BYTES, DEFAULT_SHARD_THRESHOLD,
+    check_rank, ActivationCheckpointing, Chaos, Delivery, MpiProgress, RotationMode, Routing,
+    RtpConfig, Strategy, TransportKind, DEFAULT_DDP_BUCKET_BYTES, DEFAULT_SHARD_THRESHOLD,
 };
 pub use error::{RtpError, RtpResult};
 pub use runtime::adam::FusedAdam;

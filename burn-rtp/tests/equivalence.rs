@@ -9,7 +9,7 @@ mod common;
 
 use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
 use burn::backend::{Autodiff, NdArray};
-use burn_rtp::{launch, Chaos, Delivery, RotationMode, Rtp, RtpConfig, Strategy};
+use burn_rtp::{launch, Chaos, Delivery, RotationMode, Routing, Rtp, RtpConfig, Strategy};
 use common::*;
 
 type Dist = Autodiff<Rtp<NdArray>>;
@@ -33,8 +33,8 @@ fn stressed(config: RtpConfig, label: &str) -> RtpConfig {
 
 fn run_mlp_with(config: RtpConfig) {
     let label = format!(
-        "N={} {} {}",
-        config.world_size, config.strategy, config.rotation
+        "N={} {} {} {}",
+        config.world_size, config.strategy, config.rotation, config.routing
     );
     let config = stressed(config, &format!("mlp {label}"));
     let weights = mlp_weights(SEED);
@@ -47,7 +47,10 @@ fn run_mlp_with(config: RtpConfig) {
 
 fn run_lm_with(config: RtpConfig) {
     let world = config.world_size;
-    let label = format!("N={world} {} {}", config.strategy, config.rotation);
+    let label = format!(
+        "N={world} {} {} {}",
+        config.strategy, config.rotation, config.routing
+    );
     let config = stressed(config, &format!("lm {label}"));
     let weights = lm_weights(SEED);
     let (ref_losses, ref_params) = reference_lm(&weights);
@@ -107,6 +110,41 @@ cases! {
 }
 
 /// The two baselines run on the same machinery and must train identically too.
+/// Activation routing (the weights stay home, the activations travel) against single-device
+/// Burn, by the same standard as rotation, in-process and with buffered sends.
+mod routed {
+    use super::*;
+
+    fn routed(n: usize) -> RtpConfig {
+        RtpConfig::new(n)
+            .with_shard_threshold(0)
+            .with_routing(Routing::Activations)
+    }
+
+    macro_rules! routed_cases {
+        ($($name:ident: $run:ident, $n:expr;)*) => {
+            $(#[test]
+            fn $name() {
+                $run(routed($n));
+                $run(buffered(routed($n)));
+            })*
+        };
+    }
+
+    routed_cases! {
+        mlp_n1: run_mlp_with, 1;
+        mlp_n2: run_mlp_with, 2;
+        mlp_n3: run_mlp_with, 3;
+        mlp_n4: run_mlp_with, 4;
+        mlp_n8: run_mlp_with, 8;
+        lm_n1: run_lm_with, 1;
+        lm_n2: run_lm_with, 2;
+        lm_n3: run_lm_with, 3;
+        lm_n4: run_lm_with, 4;
+        lm_n8: run_lm_with, 8;
+    }
+}
+
 #[test]
 fn baselines_match_single_device() {
     baselines(|c| c);

@@ -26,12 +26,12 @@ const LAYERS: &[&[&str]] = &[
     &["state::sharding"],
     // comm/: moving tensors between ranks. The ring's indices, the transports and the
     // background worker; a tensor's bytes read in place; the communication context;
-    // exchanges; the rotation schedule; the collectives, made of rotation's two halves (see
-    // `comm/mod.rs`).
+    // exchanges; the rotation and routing schedules; the collectives, made of rotation's two
+    // halves (see `comm/mod.rs`).
     &["comm::ring", "comm::transport", "comm::background"],
     &["comm::host_view", "comm::context"],
     &["comm::p2p"],
-    &["comm::rotation"],
+    &["comm::rotation", "comm::route"],
     &["comm::collectives"],
     // backend/: the Linear pairing records, the kept gathers, and the strategies (one type
     // each for DDP, FSDP and RTP, with DDP's buckets and FSDP's prefetch); the rank's

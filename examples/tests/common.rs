@@ -426,6 +426,9 @@ pub mod mpi {
         let np: usize = var("OMPI_COMM_WORLD_SIZE").parse().unwrap();
         let mut cfg = tiny(var("RTP_TEST_STRATEGY").parse().unwrap(), np, STEPS);
         cfg.rotation = var("RTP_TEST_ROTATION").parse().unwrap();
+        if let Ok(routing) = std::env::var("RTP_TEST_ROUTING") {
+            cfg.routing = routing.parse().unwrap();
+        }
         if let Ok(steps) = std::env::var("RTP_TEST_STEPS") {
             cfg.steps = steps.parse().unwrap();
         }

@@ -7,7 +7,7 @@
 
 mod common;
 
-use burn_rtp::RotationMode;
+use burn_rtp::{RotationMode, Routing};
 use burn_rtp_gpt::{train, Strategy};
 use common::mpi::{
     child_config, losses, losses_on, mpi_rank, pids, read_report, text, wait_at_most, STEPS,
@@ -94,28 +94,31 @@ fn child_nccl_on_ndarray() {
     }
 }
 
-/// Every strategy at N = 2, 3, 4 processes trains like single-device Burn (1e-5 relative),
-/// and like the same strategy in-process, bit for bit.
+/// Every strategy at N = 2, 3, 4 processes (and RTP with its activations routed) trains like
+/// single-device Burn (1e-5 relative), and like the same strategy in-process, bit for bit.
 #[test]
 fn mpi_training_matches_single_device_and_in_process() {
     let dir = temp_dir("equivalence");
     let single = losses(&tiny(Strategy::Ddp, 1, STEPS));
+    let (weights, activations) = (Routing::Weights, Routing::Activations);
     let runs = [
-        (Strategy::Rtp, RotationMode::OutOfPlace),
-        (Strategy::Rtp, RotationMode::InPlace),
-        (Strategy::Fsdp, RotationMode::OutOfPlace),
-        (Strategy::Ddp, RotationMode::OutOfPlace),
+        (Strategy::Rtp, RotationMode::OutOfPlace, weights),
+        (Strategy::Rtp, RotationMode::InPlace, weights),
+        (Strategy::Rtp, RotationMode::OutOfPlace, activations),
+        (Strategy::Fsdp, RotationMode::OutOfPlace, weights),
+        (Strategy::Ddp, RotationMode::OutOfPlace, weights),
     ];
     for np in [2, 3, 4] {
-        for (strategy, rotation) in runs {
-            let label = format!("{strategy} {rotation} at -np {np}");
-            let report_path = dir.join(format!("{strategy}-{rotation}-{np}.json"));
+        for (strategy, rotation, routing) in runs {
+            let label = format!("{strategy} {rotation} {routing} at -np {np}");
+            let report_path = dir.join(format!("{strategy}-{rotation}-{routing}-{np}.json"));
             let out = mpirun(
                 np,
                 "child_train",
                 &[
                     ("RTP_TEST_STRATEGY", strategy.to_string()),
                     ("RTP_TEST_ROTATION", rotation.to_string()),
+                    ("RTP_TEST_ROUTING", routing.to_string()),
                     ("RTP_TEST_REPORT", report_path.display().to_string()),
                 ],
             )
@@ -135,6 +138,7 @@ fn mpi_training_matches_single_device_and_in_process() {
             }
             let mut cfg = tiny(strategy, np, STEPS);
             cfg.rotation = rotation;
+            cfg.routing = routing;
             assert_eq!(
                 report.losses,
                 losses(&cfg),

@@ -98,6 +98,14 @@ struct Cli {
     /// With `--backends`: only add that section to the report already in `--out`.
     #[arg(long, requires = "backends")]
     backends_only: bool,
+    /// With `--transport mpi`: add RTP with its weights rotating against RTP with its
+    /// activations routed (configs A and B at N = 4, step time and bytes sent) to the MPI
+    /// report in `--out`; with `--routing-only`, only that.
+    #[arg(long)]
+    routing: bool,
+    /// With `--routing`: only add that section to the report already in `--out`.
+    #[arg(long, requires = "routing")]
+    routing_only: bool,
     /// With `--transport mpi --pytorch PYTHON`: add ours against PyTorch on the same cores
     /// (one process with one thread each side at A and B, and A at N = 4 alone and beside a
     /// competing load, with page faults per step) to the MPI report in `--out`; with
@@ -399,6 +407,25 @@ fn add_backends(cli: &Cli, out: &Path) -> ExitCode {
     )
 }
 
+/// Adds weights rotating against activations routed to the MPI report, each cell as its own
+/// `mpirun` job.
+fn add_routing(cli: &Cli) -> ExitCode {
+    let log = |m: &str| eprintln!("{m}");
+    if cli.transport != TransportKind::Mpi {
+        eprintln!("error: --routing measures under MPI: add --transport mpi");
+        return ExitCode::FAILURE;
+    }
+    let Some(exe) = this_exe("to start under mpirun") else {
+        return ExitCode::FAILURE;
+    };
+    let cfg = mpi_config(cli);
+    let repeats = cli.repeats.unwrap_or(if quick(cli) { 1 } else { 3 });
+    section_status(
+        "weights rotating against activations routed under MPI, N = 4",
+        burn_rtp_benches::mpi_routing::add_to_report(&cfg, &exe, repeats.max(1), &log),
+    )
+}
+
 /// Prints what adding a report section gave (its summary, or its error) as the exit status.
 fn section_status(what: &str, added: Result<String, runner::Failure>) -> ExitCode {
     match added {
@@ -500,12 +527,16 @@ fn main() -> ExitCode {
     if cli.speed && status == ExitCode::SUCCESS {
         status = add_speed(&cli);
     }
+    if cli.routing && status == ExitCode::SUCCESS {
+        status = add_routing(&cli);
+    }
     status
 }
 
 /// The report the flags ask for (none when they ask only to add a section).
 fn report(cli: &Cli) -> ExitCode {
-    if cli.burn_ddp_only || cli.wgpu_only || cli.backends_only || cli.speed_only {
+    if cli.burn_ddp_only || cli.wgpu_only || cli.backends_only || cli.speed_only || cli.routing_only
+    {
         return ExitCode::SUCCESS;
     }
     if cli.planner_only && cli.transport == TransportKind::InProcess {

@@ -4,7 +4,7 @@
 use super::cells::{summary, Cell};
 use super::launch::run_job;
 use super::{Config, Job, MpiReportConfig};
-use crate::{median, InnerBackend, Variant};
+use crate::{median, Variant};
 use burn_rtp::{human_bytes, ActivationCheckpointing};
 use serde_json::{json, Value};
 use std::path::Path;
@@ -52,19 +52,10 @@ pub fn activation_cells(
                 settings.len() - 1 - k
             };
             let ac = settings[i];
+            let out = scratch.join(format!("activations-{ac}.json"));
             let job = Job {
-                variant: Variant::RTP_OUT_OF_PLACE,
-                model: config.model.clone(),
-                batch_per_rank: config.batch_per_rank,
-                warmup: cfg.warmup,
-                steps: cfg.steps,
-                out: scratch.join(format!("activations-{ac}.json")),
-                mpi_progress: cfg.mpi_progress,
-                timeline: None,
                 activation_checkpointing: ac,
-                backend: InnerBackend::Ndarray,
-                threads: None,
-                fused_activations: true,
+                ..cfg.job(&config, Variant::RTP_OUT_OF_PLACE, out)
             };
             let r = run_job(exe, ranks, &job, None, &[])?.expect("failures are errors here");
             let step = median(&r.step_s) * 1e3;

@@ -70,6 +70,27 @@ pub struct MpiReportConfig {
 }
 
 impl MpiReportConfig {
+    /// A job of `variant` on `config`'s model and batch, with this report's warm-up, timed
+    /// steps and pacing, writing its result to `out`; on NdArray, with the host's threads,
+    /// fused activations, no activation checkpointing and no timeline (a section that
+    /// measures another setting changes that field).
+    pub fn job(&self, config: &Config, variant: Variant, out: PathBuf) -> Job {
+        Job {
+            variant,
+            model: config.model.clone(),
+            batch_per_rank: config.batch_per_rank,
+            warmup: self.warmup,
+            steps: self.steps,
+            out,
+            mpi_progress: self.mpi_progress,
+            timeline: None,
+            activation_checkpointing: burn_rtp::ActivationCheckpointing::None,
+            backend: crate::InnerBackend::Ndarray,
+            threads: None,
+            fused_activations: true,
+        }
+    }
+
     /// The configurations: A (d_model 256, 4 layers, 4 heads, context 64, 8
     /// sequences per rank) and B (d_model 768, 6 layers, 12 heads, context 16, 2 per rank).
     pub fn full(out: PathBuf) -> Self {

@@ -166,6 +166,12 @@ impl<B: Backend> RankCtx<B> {
         self.strategy.release_params();
     }
 
+    /// Whether a sharded Linear routes activations to the shards' owners (see
+    /// `backend::ops::routed`) instead of rotating the shards.
+    pub(crate) fn routes_activations(&self) -> bool {
+        self.strategy.routes_activations()
+    }
+
     /// What the strategy started ahead of need and what was taken, `(started, taken)`, if
     /// this rank runs `strategy`; else none.
     pub(crate) fn ahead_of(&self, strategy: crate::config::Strategy) -> (u64, u64) {

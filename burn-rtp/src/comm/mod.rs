@@ -14,4 +14,5 @@ pub(crate) mod host_view;
 pub(crate) mod p2p;
 pub(crate) mod ring;
 pub mod rotation;
+pub(crate) mod route;
 pub mod transport;

@@ -5,7 +5,7 @@ use crate::data::DataError;
 use crate::model::GptConfig;
 use crate::schedule::LrSchedule;
 use burn_rtp::{ActivationCheckpointing, MpiProgress};
-use burn_rtp::{RotationMode, Strategy, TransportKind};
+use burn_rtp::{RotationMode, Routing, Strategy, TransportKind};
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -21,6 +21,8 @@ pub struct TrainConfig {
     pub ranks: usize,
     /// Rotation mode (RTP only).
     pub rotation: RotationMode,
+    /// What moves for a sharded Linear (RTP only): the weights or the activations.
+    pub routing: Routing,
     /// Steps to train in this run.
     pub steps: usize,
     /// Global batch: sequences per step over all ranks.
@@ -94,6 +96,7 @@ impl TrainConfig {
             strategy,
             ranks,
             rotation: RotationMode::OutOfPlace,
+            routing: Routing::Weights,
             steps: 500,
             batch: 32,
             model: GptConfig::new(64, 96, 2, 4),

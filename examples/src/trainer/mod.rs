@@ -139,6 +139,7 @@ fn train_once<I: RotationKernels>(
     let mut rtp = RtpConfig::new(world)
         .with_strategy(cfg.strategy)
         .with_rotation(cfg.rotation)
+        .with_routing(cfg.routing)
         .with_shard_threshold(cfg.threshold());
     let resume = match &cfg.resume {
         Some(path) => {

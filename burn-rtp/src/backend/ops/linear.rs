@@ -46,10 +46,13 @@ fn pack_for_pass<B: RotationKernels>(
 }
 
 /// What one backward pass produced.
-struct Grads<B: Backend> {
-    dx: Option<Float<B>>,
-    dw: Option<RtpTensor<B>>,
-    db: Option<RtpTensor<B>>,
+pub(super) struct Grads<B: Backend> {
+    /// This rank's dX.
+    pub(super) dx: Option<Float<B>>,
+    /// This rank's shard of dW, averaged over ranks.
+    pub(super) dw: Option<RtpTensor<B>>,
+    /// This rank's shard of db, averaged over ranks.
+    pub(super) db: Option<RtpTensor<B>>,
 }
 
 /// A Linear's backward as one ring pass. With `weight` the weight shards rotate and dX is
@@ -64,6 +67,9 @@ fn backward_pass<B: RotationKernels>(
     dy: &Held<B>,
     bias: Option<ShardSpec>,
 ) -> Grads<B> {
+    if ctx.routes_activations() {
+        return super::routed::backward_pass(ctx, spec, weight, x, dy, bias);
+    }
     let d_in = spec.full[0];
     let rotates = weight.is_some();
     let with_x = x.is_some();
@@ -209,6 +215,10 @@ fn rotated_forward<B: RotationKernels>(
         None => (vec![weight.inner.clone()], None),
     };
     let with_bias = bundle.len() == 2;
+    if ctx.routes_activations() {
+        let y = super::routed::forward(ctx, &x, bundle, &spec).into_local(ctx.clone());
+        return add_late_bias(y, late_bias, ndims);
+    }
     let y = kernels::output_for_columns::<B>(&x.get(), spec.last());
     let (packed, packed_charge) = pack_for_pass(ctx, &x.get(), kernels::XUse::Forward);
     let y = rotate_columns(
@@ -233,11 +243,19 @@ fn rotated_forward<B: RotationKernels>(
         |j| spec.range(j),
     );
     drop((packed, packed_charge));
-    let mut y = y.into_local(ctx.clone());
-    if let Some(b) = late_bias {
-        y = unary(y, |y| B::float_add(y, broadcastable::<B>(b.get(), ndims)));
+    add_late_bias(y.into_local(ctx.clone()), late_bias, ndims)
+}
+
+/// `y` plus a bias that did not travel with the weight shards (one not split like them).
+fn add_late_bias<B: RotationKernels>(
+    y: RtpTensor<B>,
+    bias: Option<Held<B>>,
+    ndims: usize,
+) -> RtpTensor<B> {
+    match bias {
+        Some(b) => unary(y, |y| B::float_add(y, broadcastable::<B>(b.get(), ndims))),
+        None => y,
     }
-    y
 }
 
 /// dX. With a rotating weight it runs the Linear's whole backward pass when it can find the

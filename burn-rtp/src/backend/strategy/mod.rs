@@ -205,6 +205,12 @@ pub(crate) trait RankStrategy<B: Backend>: Send + Sync {
         all_gather(comm, inner, layout, op, Category::InFlight)
     }
 
+    /// Whether a sharded weight's op routes the activations to the shards' owners instead of
+    /// rotating the shards (RTP under [`Routing::Activations`](crate::config::Routing)).
+    fn routes_activations(&self) -> bool {
+        false
+    }
+
     /// Jobs started ahead so far, and results taken: `(started, taken)`.
     fn ahead(&self) -> (u64, u64) {
         (0, 0)
@@ -220,7 +226,9 @@ pub(crate) fn for_rank<B: Backend>(config: &RtpConfig) -> Box<dyn RankStrategy<B
     match config.strategy {
         Strategy::Ddp => Box::new(ddp::DdpRank::new(config.ddp_bucket_bytes, n)),
         Strategy::Fsdp => Box::new(fsdp::FsdpRank::new(n)),
-        Strategy::Rtp => Box::new(rtp::RtpRank),
+        Strategy::Rtp => Box::new(rtp::RtpRank {
+            routing: config.routing,
+        }),
     }
 }
 

@@ -1,8 +1,10 @@
 //! RTP: each rank holds 1/N of every sharded parameter, and a module op rotates the shards
 //! around the ring while it computes on them; each gradient shard travels to its home in the
-//! same pass. Nothing is started ahead of the op, so the rank keeps no state here.
+//! same pass. Under [`Routing::Activations`] a Linear routes each rank's activations to the
+//! shards' owners instead. Nothing is started ahead of the op.
 
 use super::{Buffers, ModelShapes, RankStrategy, Rules, WeightUse};
+use crate::config::Routing;
 use crate::state::sharding::Layout;
 use burn::tensor::backend::Backend;
 use burn::tensor::Shape;
@@ -44,11 +46,18 @@ impl Rules for Rtp {
     }
 }
 
-/// One rank's RTP.
-pub(crate) struct RtpRank;
+/// One rank's RTP: what moves for a sharded Linear.
+pub(crate) struct RtpRank {
+    /// The weights (rotation) or the activations.
+    pub(crate) routing: Routing,
+}
 
 impl<B: Backend> RankStrategy<B> for RtpRank {
     fn rules(&self) -> &'static dyn Rules {
         &Rtp
+    }
+
+    fn routes_activations(&self) -> bool {
+        self.routing == Routing::Activations
     }
 }

@@ -57,6 +57,30 @@ named!(RotationMode, "rotation mode", {
     InPlace => "in-place" | "inplace",
 });
 
+/// What moves between ranks when RTP computes with a sharded Linear weight.
+///
+/// Per rank and pass, for a Linear of `d_in x d_out` and `T` tokens per rank, rotating the
+/// weights moves about `(N-1)/N * d_in * d_out` elements in `N - 1` exchanges; routing the
+/// activations moves about `(N-1) * T * d_in + (N-1)/N * T * d_out` in two. Weights are right
+/// where a rank's tokens outweigh its weights (large batches), activations where they do not
+/// (small batches, fine-tuning, inference).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Routing {
+    /// The weight shards rotate around the ring while each rank computes on its own tokens.
+    #[default]
+    Weights,
+    /// Each rank's activations go to every shard's owner, which computes that shard's columns
+    /// for every rank and sends them back; no weight leaves its owner. Every rank must pass a
+    /// Linear the same number of rows (a difference is `RtpError::Desync`).
+    Activations,
+}
+
+named!(Routing, "routing", {
+    Weights => "weights" | "rotate",
+    Activations => "activations" | "route",
+});
+
 /// Whether autodiff recomputes activations in the backward pass instead of keeping them:
 /// the checkpointing strategy of `Autodiff<Rtp<B>, C>`, named for settings, plans and
 /// reports (the type parameter is what applies it).
@@ -137,6 +161,8 @@ pub struct RtpConfig {
     pub strategy: Strategy,
     /// Rotation variant.
     pub rotation: RotationMode,
+    /// What moves for a sharded Linear under RTP: the weights or the activations.
+    pub routing: Routing,
     /// Parameters with fewer elements than this stay replicated instead of sharded
     /// (default [`DEFAULT_SHARD_THRESHOLD`]; 0 shards every parameter).
     pub shard_threshold: usize,
@@ -272,6 +298,7 @@ impl RtpConfig {
             world_size,
             strategy: Strategy::Rtp,
             rotation: RotationMode::OutOfPlace,
+            routing: Routing::Weights,
             shard_threshold: DEFAULT_SHARD_THRESHOLD,
             peer_timeout: Duration::from_secs(120),
             gather_fallback: true,
@@ -332,6 +359,7 @@ impl RtpConfig {
             ("world size", self.world_size.to_string()),
             ("strategy", self.strategy.to_string()),
             ("rotation mode", self.rotation.to_string()),
+            ("routing", self.routing.to_string()),
             ("shard threshold", self.shard_threshold.to_string()),
             ("gather fallback", self.gather_fallback.to_string()),
             ("ddp bucket bytes", self.ddp_bucket_bytes.to_string()),
@@ -359,6 +387,12 @@ impl RtpConfig {
     /// Sets the rotation variant.
     pub fn with_rotation(mut self, rotation: RotationMode) -> Self {
         self.rotation = rotation;
+        self
+    }
+
+    /// Sets what moves for a sharded Linear under RTP (see [`Routing`]).
+    pub fn with_routing(mut self, routing: Routing) -> Self {
+        self.routing = routing;
         self
     }
 
@@ -525,75 +559,4 @@ fn launch_from(var: impl Fn(&str) -> Option<String>) -> Option<MpiLaunch> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Every variant parses back from the name it prints, aliases parse too, and an unknown
-    /// name's error lists every name.
-    #[test]
-    fn names_round_trip_and_errors_list_them() {
-        fn round_trip<T>(all: &[T])
-        where
-            T: std::str::FromStr<Err = String> + std::fmt::Display + PartialEq + std::fmt::Debug,
-        {
-            for v in all {
-                assert_eq!(v.to_string().parse::<T>().as_ref(), Ok(v));
-            }
-        }
-        round_trip(&[RotationMode::OutOfPlace, RotationMode::InPlace]);
-        round_trip(&[MpiProgress::Auto, MpiProgress::Spin, MpiProgress::Backoff]);
-        round_trip(&[Strategy::Rtp, Strategy::Fsdp, Strategy::Ddp]);
-        round_trip(&[
-            TransportKind::InProcess,
-            TransportKind::Mpi,
-            TransportKind::Nccl,
-        ]);
-        assert_eq!("oop".parse(), Ok(RotationMode::OutOfPlace));
-        assert_eq!("zero3".parse(), Ok(Strategy::Fsdp));
-        assert_eq!("inprocess".parse(), Ok(TransportKind::InProcess));
-        assert_eq!(
-            "dp".parse::<Strategy>().unwrap_err(),
-            "unknown strategy `dp`: expected `rtp`, `fsdp` or `ddp`"
-        );
-        assert_eq!(
-            "tcp".parse::<TransportKind>().unwrap_err(),
-            "unknown transport `tcp`: expected `in-process`, `mpi` or `nccl`"
-        );
-    }
-
-    fn launch_with(vars: &[(&str, &str)]) -> Option<MpiLaunch> {
-        let vars: std::collections::HashMap<String, String> = vars
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        launch_from(|name| vars.get(name).cloned())
-    }
-
-    /// Each launcher's variables give the world, Open MPI's first; Slurm's PMIx launch counts
-    /// this host's tasks from its tasks-per-node list.
-    #[test]
-    fn every_launcher_s_variables_give_the_world() {
-        let ompi = launch_with(&[
-            ("OMPI_COMM_WORLD_SIZE", "4"),
-            ("OMPI_COMM_WORLD_RANK", "3"),
-            ("OMPI_COMM_WORLD_LOCAL_SIZE", "2"),
-            ("PMI_SIZE", "9"),
-            ("PMI_RANK", "8"),
-        ])
-        .unwrap();
-        assert_eq!((ompi.size, ompi.rank, ompi.local_size), (4, 3, 2));
-        let pmi = launch_with(&[("PMI_SIZE", "3"), ("PMI_RANK", "1")]).unwrap();
-        assert_eq!((pmi.size, pmi.rank, pmi.local_size), (3, 1, 3));
-        let slurm = launch_with(&[
-            ("SLURM_STEP_NUM_TASKS", "5"),
-            ("PMIX_RANK", "4"),
-            ("SLURM_STEP_TASKS_PER_NODE", "2(x2),1"),
-        ])
-        .unwrap();
-        assert_eq!((slurm.size, slurm.rank, slurm.local_size), (5, 4, 2));
-        assert!(launch_with(&[("PMIX_RANK", "0")]).is_none());
-        assert!(
-            launch_with(&[("OMPI_COMM_WORLD_SIZE", "x"), ("OMPI_COMM_WORLD_RANK", "0")]).is_none()
-        );
-    }
-}
+mod tests;

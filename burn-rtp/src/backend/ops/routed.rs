@@ -1,0 +1,193 @@
+//! A sharded Linear under activation routing (RTP with `Routing::Activations`): the weights
+//! stay with their owners, and the activations travel.
+//!
+//! * **Forward.** Each rank's `x` goes to every shard's owner (one all-to-all). Owner `j`
+//!   computes its shard's columns of every rank's `y` with the same step kernel rotation uses,
+//!   and sends each rank its block back (a second all-to-all); each rank joins the blocks in
+//!   column order.
+//! * **Backward.** Each rank sends owner `j` the columns `j` of its `dy` (and its `x`, when
+//!   dW is wanted). The owner computes every rank's `x_rᵀ dy_r[:, j]` and sums them in the
+//!   order the ring pass sums the travelling gradient (from rank `j + 1` round to `j`), so
+//!   dW and db are the rotation's to the bit. It also computes every rank's partial
+//!   `dy_r[:, j] W_jᵀ` and sends it back, where each rank adds the partials in the order
+//!   rotation accumulates them (its own shard first, then `j - 1`, `j - 2`, ...). Rotation's
+//!   step adds its product to the accumulator inside the GEMM; where the GEMM sums a shard's
+//!   columns in one block, that is the same addition, and the two modes give the same bits
+//!   (`tests/routing.rs`, on NdArray at N = 2, 3, 4, 8). Where a shard is wider than the
+//!   GEMM's block of the sum, the accumulator joins the first block's partial sum, and dX may
+//!   differ from rotation's in the last places (within the equivalence suite's bound).
+//!
+//! Every rank must pass the Linear the same number of rows: each rank expects its peers'
+//! blocks to have its own shape, and a difference is `RtpError::Desync` naming both.
+
+use super::linear::Grads;
+use super::weights::mean_over_ranks;
+use super::Float;
+use crate::backend::rank::RankCtx;
+use crate::backend::tensor::RtpTensor;
+use crate::comm::route::all_to_all;
+use crate::state::accounting::{transient, Category, Held};
+use crate::state::sharding::{Layout, ShardSpec};
+use burn::tensor::TensorMetadata;
+use burn_rtp_kernels as kernels;
+use burn_rtp_kernels::RotationKernels;
+use std::sync::Arc;
+
+/// `dims` with its last dimension replaced by `last`.
+fn with_last(dims: &[usize], last: usize) -> Vec<usize> {
+    let mut dims = dims.to_vec();
+    let n = dims.len();
+    dims[n - 1] = last;
+    dims
+}
+
+/// Panics naming the rank, the op and the shapes, for a step kernel's refusal.
+fn refused<B: RotationKernels>(
+    ctx: &RankCtx<B>,
+    op: &str,
+    shapes: &[Vec<usize>],
+    e: impl std::fmt::Display,
+) -> ! {
+    panic!("rank {}: `{op}` ({shapes:?}): {e}", ctx.comm.rank)
+}
+
+/// The forward of a Linear whose weight is sharded by `spec`: `own` is this rank's bundle,
+/// its weight shard and, when split like it, its bias shard.
+pub(super) fn forward<B: RotationKernels>(
+    ctx: &Arc<RankCtx<B>>,
+    x: &Held<B>,
+    own: Vec<Float<B>>,
+    spec: &ShardSpec,
+) -> Held<B> {
+    let (rank, n) = (ctx.comm.rank, ctx.comm.world_size);
+    let x = x.get();
+    let x_dims = x.shape().to_vec();
+    let outgoing = (0..n).map(|_| vec![x.clone()]).collect();
+    let xs = all_to_all(&ctx.comm, "linear.route_x", outgoing, |_| {
+        vec![x_dims.clone()]
+    });
+    let len = spec.range(rank).len;
+    let (w, b) = (own[0].clone(), own.get(1).cloned());
+    let blocks: Vec<Vec<Float<B>>> = xs
+        .bundles
+        .into_iter()
+        .map(|mut bundle| {
+            let x_s = bundle.remove(0);
+            let y = kernels::output_for_columns::<B>(&x_s, len);
+            let shapes = [x_s.shape().to_vec(), w.shape().to_vec()];
+            let block = kernels::forward_step::<B>(y, x_s, w.clone(), b.clone(), 0, None)
+                .unwrap_or_else(|e| refused(ctx, "linear.route_forward", &shapes, e));
+            vec![block]
+        })
+        .collect();
+    drop(xs.charges);
+    let _blocks = transient::<B>(&ctx.comm.ledger, &blocks.concat());
+    let ys = all_to_all(&ctx.comm, "linear.route_y", blocks, |j| {
+        vec![with_last(&x_dims, spec.range(j).len)]
+    });
+    let parts = ys.bundles.into_iter().map(|mut b| b.remove(0)).collect();
+    let y = kernels::assemble_columns::<B>(parts, x_dims.len() - 1);
+    Held::new(&ctx.comm.ledger, y, Category::Local)
+}
+
+/// A Linear's backward under activation routing, with the arguments and results of the ring
+/// pass it replaces (`linear::backward_pass`): with `weight` (this rank's shard) dX, with `x`
+/// dW, with `bias` db; any subset.
+pub(super) fn backward_pass<B: RotationKernels>(
+    ctx: &Arc<RankCtx<B>>,
+    spec: &ShardSpec,
+    weight: Option<Float<B>>,
+    x: Option<Float<B>>,
+    dy: &Held<B>,
+    bias: Option<ShardSpec>,
+) -> Grads<B> {
+    let (rank, n) = (ctx.comm.rank, ctx.comm.world_size);
+    let with_bias = bias.is_some();
+    let dy = dy.get();
+    let dy_dims = dy.shape().to_vec();
+    let x_dims = x.as_ref().map(|x| x.shape().to_vec());
+    // To owner `j`: the columns `j` of `dy`, and `x` when dW is wanted.
+    let outgoing = (0..n)
+        .map(|j| {
+            let range = spec.range(j);
+            let mut bundle = vec![kernels::column_slice::<B>(
+                dy.clone(),
+                range.start,
+                range.len,
+            )];
+            bundle.extend(x.clone());
+            bundle
+        })
+        .collect();
+    let len = spec.range(rank).len;
+    let incoming = all_to_all(&ctx.comm, "linear.route_dy", outgoing, |_| {
+        std::iter::once(with_last(&dy_dims, len))
+            .chain(x_dims.clone())
+            .collect()
+    });
+    let window = kernels::Window::new(0, len);
+    let mut partials = Vec::new();
+    let mut contributions = Vec::new();
+    for bundle in &incoming.bundles {
+        let dy_s = bundle[0].clone();
+        let shapes = || {
+            bundle
+                .iter()
+                .map(|t| t.shape().to_vec())
+                .collect::<Vec<_>>()
+        };
+        if let Some(w) = &weight {
+            let p = kernels::x_grad_step::<B>(None, w.clone(), dy_s.clone(), window)
+                .unwrap_or_else(|e| refused(ctx, "linear.route_backward_x", &shapes(), e));
+            partials.push(vec![p]);
+        }
+        contributions.push(match bundle.get(1) {
+            Some(x_s) => {
+                let (dw, db) =
+                    kernels::weight_grad_step::<B>(x_s.clone(), dy_s, window, with_bias, None)
+                        .unwrap_or_else(|e| {
+                            refused(ctx, "linear.route_backward_weight", &shapes(), e)
+                        });
+                std::iter::once(dw).chain(db).collect()
+            }
+            None if with_bias => vec![B::linear_bias_backward(dy_s)],
+            None => Vec::new(),
+        });
+    }
+    drop(incoming);
+    // The ring pass's order: the buffer of shard `j` starts on rank `j + 1` and ends at home.
+    let mut order = (1..=n).map(|t| (rank + t) % n);
+    let first = order.next().expect("at least one rank");
+    let mut own = std::mem::take(&mut contributions[first]);
+    for s in order {
+        let mine = std::mem::take(&mut contributions[s]);
+        own = own
+            .into_iter()
+            .zip(mine)
+            .map(|(a, m)| B::float_add(a, m))
+            .collect();
+    }
+    let dx = (!partials.is_empty()).then(|| {
+        let _partials = transient::<B>(&ctx.comm.ledger, &partials.concat());
+        let dx_dims = with_last(&dy_dims, spec.full[0]);
+        let mut back = all_to_all(&ctx.comm, "linear.route_dx", partials, |_| {
+            vec![dx_dims.clone()]
+        })
+        .bundles;
+        // Rotation's order: this rank's own shard first, then `rank - 1`, `rank - 2`, ...
+        let mut acc = back[rank].remove(0);
+        for t in 1..n {
+            let j = (rank + n - t) % n;
+            acc = B::float_add(acc, back[j].remove(0));
+        }
+        acc
+    });
+    let mut own = own.into_iter();
+    let mut shard = |spec: ShardSpec| {
+        let g = mean_over_ranks(ctx, own.next().expect("one sum per gradient"));
+        RtpTensor::new(ctx.clone(), g, Layout::Sharded(spec))
+    };
+    let dw = x.is_some().then(|| shard(spec.clone()));
+    let db = bias.map(&mut shard);
+    Grads { dx, dw, db }
+}

@@ -1,0 +1,97 @@
+//! Activation routing (`Routing::Activations`) against weight rotation, on the same model and
+//! data: what each moves, and how far their numbers are apart. Both are checked against
+//! single-device Burn in `tests/equivalence.rs`.
+
+mod common;
+
+use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
+use burn::backend::NdArray;
+use burn_rtp::{Routing, RtpConfig};
+use common::*;
+
+fn run(which: Which, n: usize, routing: Routing) -> Vec<Counted> {
+    let weights = match which {
+        Which::Mlp => mlp_weights(SEED),
+        Which::Lm => lm_weights(SEED),
+    };
+    let config = RtpConfig::new(n)
+        .with_shard_threshold(0)
+        .with_routing(routing);
+    rtp_run_checkpointed::<NdArray, NoCheckpointing>(which, config, &weights).expect("run")
+}
+
+/// The largest difference between two runs' parameters, in units in the last place, and the
+/// largest relative difference of their losses.
+fn apart(a: &[Counted], b: &[Counted]) -> (u32, f32) {
+    let mut ulps = 0;
+    let mut loss = 0f32;
+    for (x, y) in a.iter().zip(b) {
+        for (p, q) in x.run.1.iter().zip(&y.run.1) {
+            for (u, v) in p.iter().zip(q) {
+                let d = (u.to_bits() as i64 - v.to_bits() as i64).unsigned_abs();
+                ulps = ulps.max(d.min(u32::MAX as u64) as u32);
+            }
+        }
+        for (u, v) in x.run.0.iter().zip(&y.run.0) {
+            loss = loss.max((u - v).abs() / u.abs().max(1e-6));
+        }
+    }
+    (ulps, loss)
+}
+
+#[test]
+fn routing_synchronises_less_than_rotation_beyond_three_ranks() {
+    for which in [Which::Mlp, Which::Lm] {
+        for n in [4, 8] {
+            let exchanges = |r| run(which, n, r)[0].exchanges;
+            let (rotated, routed) = (exchanges(Routing::Weights), exchanges(Routing::Activations));
+            assert!(
+                routed < rotated,
+                "{which:?} N={n}: routing made {routed} exchanges, rotation {rotated}"
+            );
+        }
+    }
+}
+
+/// Owner `j` sums the dW contributions in the order the ring pass carries them (from rank
+/// `j + 1` round to `j`), and each rank adds its dX partials in the order rotation
+/// accumulates them, with the same step kernels: on NdArray the two modes give the same bits.
+#[test]
+fn routing_and_rotation_give_the_same_bits() {
+    for which in [Which::Mlp, Which::Lm] {
+        for n in [2, 3, 4, 8] {
+            let rotated = run(which, n, Routing::Weights);
+            let routed = run(which, n, Routing::Activations);
+            assert_eq!(
+                apart(&rotated, &routed),
+                (0, 0.0),
+                "{which:?} N={n}: (ulps apart, relative loss difference)"
+            );
+        }
+    }
+}
+
+/// Routing needs every rank to pass a Linear the same number of rows: a rank whose batch is
+/// smaller makes every rank fail with a typed `Desync` that names the op and both shapes,
+/// instead of a hang or a wrong result.
+#[test]
+fn ranks_with_unequal_rows_fail_with_a_typed_desync() {
+    use burn::nn::{Linear, LinearConfig};
+    use burn::tensor::{Distribution, Tensor};
+    use burn_rtp::{launch, Rtp, RtpError};
+    type Dist = burn::backend::Autodiff<Rtp<NdArray>>;
+    let config = RtpConfig::new(2)
+        .with_shard_threshold(0)
+        .with_routing(Routing::Activations);
+    let err = launch(config, |device| {
+        let layer: Linear<Dist> = LinearConfig::new(8, 12).init(&device);
+        let rows = if device.rank() == 0 { 4 } else { 3 };
+        let x = Tensor::<Dist, 2>::random([rows, 8], Distribution::Default, &device);
+        layer.forward(x).sum().into_scalar()
+    })
+    .unwrap_err();
+    let text = err.to_string();
+    assert!(matches!(err, RtpError::Desync { .. }), "{text}");
+    assert!(text.contains("linear.route_x"), "{text}");
+    assert!(text.contains("[3, 8]") && text.contains("[4, 8]"), "{text}");
+}
