@@ -137,10 +137,10 @@ struct TrainArgs {
     /// out-of-place | in-place
     #[arg(long, default_value = "out-of-place")]
     rotation: RotationMode,
-    /// weights | activations: what moves for a sharded Linear under rtp, the weight shards
-    /// around the ring, or each rank's activations to the shards' owners and back (fewer
-    /// bytes where a rank's tokens weigh less than its weights; every rank needs the same
-    /// batch size).
+    /// weights | activations | auto: what moves for a sharded Linear under rtp, the weight
+    /// shards around the ring, each rank's activations to the shards' owners and back (fewer
+    /// bytes where a rank's tokens weigh less than its weights), or per pass whichever moves
+    /// fewer bytes. Routing needs the same batch size on every rank.
     #[arg(long, default_value = "weights")]
     routing: Routing,
     /// none | balanced: recompute memory-bound activations (normalisation, GELU, softmax,
@@ -729,6 +729,7 @@ fn main() -> ExitCode {
             a.model.seq,
             match (a.strategy.as_str(), a.routing) {
                 ("rtp", Routing::Activations) => "rtp (activations routed to the weights)".into(),
+                ("rtp", Routing::Auto) => "rtp (weights or activations, per pass)".into(),
                 _ => a.strategy.clone(),
             },
             ranks,

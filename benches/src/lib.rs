@@ -84,6 +84,12 @@ impl Variant {
         routing: burn_rtp::Routing::Activations,
         ..Variant::RTP_OUT_OF_PLACE
     };
+    /// RTP choosing per Linear and per pass whichever of the two moves fewer bytes
+    /// (`Routing::Auto`).
+    pub const RTP_AUTO: Variant = Variant {
+        routing: burn_rtp::Routing::Auto,
+        ..Variant::RTP_OUT_OF_PLACE
+    };
     /// Every variant, baselines first.
     pub const ALL: [Variant; 4] = [
         Variant::DDP,
@@ -125,6 +131,7 @@ impl Variant {
         match (self.strategy, self.rotation) {
             (Strategy::Ddp, _) if !self.buckets => "ddp-unbucketed",
             (Strategy::Rtp, _) if self.routing == burn_rtp::Routing::Activations => "rtp-routed",
+            (Strategy::Rtp, _) if self.routing == burn_rtp::Routing::Auto => "rtp-auto",
             (Strategy::Ddp, _) => "ddp",
             (Strategy::Fsdp, _) => "fsdp",
             (Strategy::Rtp, RotationMode::OutOfPlace) => "rtp-oop",

@@ -1,6 +1,7 @@
-//! What moves for a sharded Linear, under MPI: RTP with its weight shards rotating against RTP
-//! with each rank's activations routed to the shards' owners (`Routing::Activations`), at
-//! configs A and B on N = 4 processes, each as its own `mpirun` job, the cells alternating.
+//! What moves for a sharded Linear, under MPI: RTP with its weight shards rotating, RTP with
+//! each rank's activations routed to the shards' owners (`Routing::Activations`), and RTP
+//! choosing per pass (`Routing::Auto`), at configs A and B on N = 4 processes, each as its
+//! own `mpirun` job, the cells alternating.
 //! Step times between barriers, and the bytes each rank's transport sent per step (its own
 //! count). Added to the MPI report by `scaling-report --transport mpi --routing`.
 
@@ -13,7 +14,7 @@ use std::path::Path;
 
 /// Heading of the report section this module writes.
 pub const HEADING: &str =
-    "## What moves under MPI: weights rotating against activations routed (N = 4)";
+    "## What moves under MPI: weights rotating, activations routed, or per pass (N = 4)";
 
 /// The key of these figures in `report.json`.
 pub const KEY: &str = "mpi_routing_n4";
@@ -21,8 +22,12 @@ pub const KEY: &str = "mpi_routing_n4";
 /// Processes per job.
 const RANKS: usize = 4;
 
-/// The two ways, rotation first.
-const WAYS: [Variant; 2] = [Variant::RTP_OUT_OF_PLACE, Variant::RTP_ROUTED];
+/// The ways, rotation (the baseline) first.
+const WAYS: [Variant; 3] = [
+    Variant::RTP_OUT_OF_PLACE,
+    Variant::RTP_ROUTED,
+    Variant::RTP_AUTO,
+];
 
 /// One cell's samples: step times (ms) and bytes sent per step by the median rank.
 #[derive(Default)]
@@ -31,7 +36,7 @@ struct Samples {
     sent: Vec<f64>,
 }
 
-/// Runs `repeats` rounds of the four jobs (configs A and B, each both ways; the order rotating
+/// Runs `repeats` rounds of the six jobs (configs A and B, each every way; the order rotating
 /// each round) with the MPI report's settings `cfg`; `exe` is the `scaling-report` binary that
 /// `mpirun` starts as the workers.
 pub fn measure(
@@ -87,16 +92,18 @@ pub fn measure(
                 .find(|c| c.0.name == config.name && c.1 == variant)
                 .map_or(f64::NAN, |c| median(pick(&c.2)))
         };
-        let ratio = |pick: fn(&Samples) -> &Vec<f64>| of(WAYS[1], pick) / of(WAYS[0], pick);
         let c = config.name;
-        out.insert(
-            format!("rtp_routed_over_rotated_wire_bytes_{c}_n{RANKS}"),
-            json!(ratio(|s| &s.sent)),
-        );
-        out.insert(
-            format!("mpi_rtp_routed_over_rotated_step_{c}_n{RANKS}"),
-            json!(ratio(|s| &s.step_ms)),
-        );
+        for (way, name) in [(WAYS[1], "routed"), (WAYS[2], "auto")] {
+            let ratio = |pick: fn(&Samples) -> &Vec<f64>| of(way, pick) / of(WAYS[0], pick);
+            out.insert(
+                format!("rtp_{name}_over_rotated_wire_bytes_{c}_n{RANKS}"),
+                json!(ratio(|s| &s.sent)),
+            );
+            out.insert(
+                format!("mpi_rtp_{name}_over_rotated_step_{c}_n{RANKS}"),
+                json!(ratio(|s| &s.step_ms)),
+            );
+        }
     }
     out.insert("ranks".into(), json!(RANKS));
     out.insert("samples".into(), json!(repeats));
@@ -128,22 +135,24 @@ pub fn markdown(v: &Value) -> String {
         );
     }
     let r = |k: &str| v[k].as_f64().unwrap_or(f64::NAN);
-    text += "\nRouted / rotated:";
-    for c in ["a", "b"] {
-        let (bytes, step) = (
-            format!("rtp_routed_over_rotated_wire_bytes_{c}_n4"),
-            format!("mpi_rtp_routed_over_rotated_step_{c}_n4"),
-        );
-        if v.get(&bytes).is_some() {
-            text += &format!(
-                " bytes `{bytes}` **{:.3}**, step `{step}` **{:.2}**;",
-                r(&bytes),
-                r(&step)
+    for name in ["routed", "auto"] {
+        text += &format!("\n{name} / rotated:");
+        for c in ["a", "b"] {
+            let (bytes, step) = (
+                format!("rtp_{name}_over_rotated_wire_bytes_{c}_n4"),
+                format!("mpi_rtp_{name}_over_rotated_step_{c}_n4"),
             );
+            if v.get(&bytes).is_some() {
+                text += &format!(
+                    " bytes `{bytes}` **{:.3}**, step `{step}` **{:.2}**;",
+                    r(&bytes),
+                    r(&step)
+                );
+            }
         }
+        text.pop();
+        text += ".\n";
     }
-    text.pop();
-    text += ".\n";
     text
 }
 
@@ -158,8 +167,11 @@ pub fn add_to_report(
     add_section(&cfg.out, HEADING, &markdown(&v), KEY, &v)?;
     let r = |k: &str| v[k].as_f64().unwrap_or(f64::NAN);
     Ok(format!(
-        "routed / rotated at N = {RANKS}, config B: bytes {:.3}, step {:.2}",
+        "over rotation at N = {RANKS}: routed B bytes {:.3}, step {:.2}; auto B step {:.2}, A \
+         step {:.2}",
         r("rtp_routed_over_rotated_wire_bytes_b_n4"),
         r("mpi_rtp_routed_over_rotated_step_b_n4"),
+        r("mpi_rtp_auto_over_rotated_step_b_n4"),
+        r("mpi_rtp_auto_over_rotated_step_a_n4"),
     ))
 }

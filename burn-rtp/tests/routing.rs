@@ -55,18 +55,20 @@ fn routing_synchronises_less_than_rotation_beyond_three_ranks() {
 
 /// Owner `j` sums the dW contributions in the order the ring pass carries them (from rank
 /// `j + 1` round to `j`), and each rank adds its dX partials in the order rotation
-/// accumulates them, with the same step kernels: on NdArray the two modes give the same bits.
+/// accumulates them, with the same step kernels: on NdArray the two modes give the same bits,
+/// and so does `Auto`, which mixes them pass by pass.
 #[test]
 fn routing_and_rotation_give_the_same_bits() {
     for which in [Which::Mlp, Which::Lm] {
         for n in [2, 3, 4, 8] {
             let rotated = run(which, n, Routing::Weights);
-            let routed = run(which, n, Routing::Activations);
-            assert_eq!(
-                apart(&rotated, &routed),
-                (0, 0.0),
-                "{which:?} N={n}: (ulps apart, relative loss difference)"
-            );
+            for routing in [Routing::Activations, Routing::Auto] {
+                assert_eq!(
+                    apart(&rotated, &run(which, n, routing)),
+                    (0, 0.0),
+                    "{which:?} N={n} {routing}: (ulps apart, relative loss difference)"
+                );
+            }
         }
     }
 }
@@ -94,4 +96,20 @@ fn ranks_with_unequal_rows_fail_with_a_typed_desync() {
     assert!(matches!(err, RtpError::Desync { .. }), "{text}");
     assert!(text.contains("linear.route_x"), "{text}");
     assert!(text.contains("[3, 8]") && text.contains("[4, 8]"), "{text}");
+}
+
+/// `Auto` routes where a rank's rows weigh less than the weights and rotates elsewhere: the
+/// MLP (24 rows over the world, 36 -> 100 -> 67) routes every pass, the LM (8 tokens per
+/// sequence) rotates every pass, so each makes exactly the exchanges of that mode.
+#[test]
+fn auto_routes_the_small_batch_and_rotates_the_large_one() {
+    for n in [4, 8] {
+        let e = |which, r| run(which, n, r)[0].exchanges;
+        let mlp = e(Which::Mlp, Routing::Auto);
+        assert_eq!(mlp, e(Which::Mlp, Routing::Activations), "MLP N={n}");
+        assert_ne!(mlp, e(Which::Mlp, Routing::Weights), "MLP N={n}");
+        let lm = e(Which::Lm, Routing::Auto);
+        assert_eq!(lm, e(Which::Lm, Routing::Weights), "LM N={n}");
+        assert_ne!(lm, e(Which::Lm, Routing::Activations), "LM N={n}");
+    }
 }

@@ -99,8 +99,8 @@ struct Cli {
     #[arg(long, requires = "backends")]
     backends_only: bool,
     /// With `--transport mpi`: add RTP with its weights rotating against RTP with its
-    /// activations routed (configs A and B at N = 4, step time and bytes sent) to the MPI
-    /// report in `--out`; with `--routing-only`, only that.
+    /// activations routed and RTP choosing per pass (configs A and B at N = 4, step time and
+    /// bytes sent) to the MPI report in `--out`; with `--routing-only`, only that.
     #[arg(long)]
     routing: bool,
     /// With `--routing`: only add that section to the report already in `--out`.

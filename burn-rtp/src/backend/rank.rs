@@ -166,10 +166,10 @@ impl<B: Backend> RankCtx<B> {
         self.strategy.release_params();
     }
 
-    /// Whether a sharded Linear routes activations to the shards' owners (see
+    /// Whether `pass` of a sharded Linear routes activations to the shards' owners (see
     /// `backend::ops::routed`) instead of rotating the shards.
-    pub(crate) fn routes_activations(&self) -> bool {
-        self.strategy.routes_activations()
+    pub(crate) fn routes_activations(&self, pass: &crate::backend::strategy::LinearPass) -> bool {
+        self.strategy.routes_activations(pass)
     }
 
     /// What the strategy started ahead of need and what was taken, `(started, taken)`, if

@@ -74,11 +74,17 @@ pub enum Routing {
     /// for every rank and sends them back; no weight leaves its owner. Every rank must pass a
     /// Linear the same number of rows (a difference is `RtpError::Desync`).
     Activations,
+    /// Per Linear and per pass, whichever of the two moves fewer bytes by the counts above,
+    /// with a margin in rotation's favour (its transfers hide behind compute; routing's wait).
+    /// Ranks decide from their own rows, so every rank must pass a Linear the same number of
+    /// rows, as under `Activations`.
+    Auto,
 }
 
 named!(Routing, "routing", {
     Weights => "weights" | "rotate",
     Activations => "activations" | "route",
+    Auto => "auto",
 });
 
 /// Whether autodiff recomputes activations in the backward pass instead of keeping them:

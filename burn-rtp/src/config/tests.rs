@@ -15,7 +15,7 @@ fn names_round_trip_and_errors_list_them() {
         }
     }
     round_trip(&[RotationMode::OutOfPlace, RotationMode::InPlace]);
-    round_trip(&[Routing::Weights, Routing::Activations]);
+    round_trip(&[Routing::Weights, Routing::Activations, Routing::Auto]);
     round_trip(&[MpiProgress::Auto, MpiProgress::Spin, MpiProgress::Backoff]);
     round_trip(&[Strategy::Rtp, Strategy::Fsdp, Strategy::Ddp]);
     round_trip(&[

@@ -9,6 +9,7 @@ use super::weights::{
 use super::{full_inner, unary, Float};
 use crate::backend::pairing::{Deferred, Forward, Guess};
 use crate::backend::rank::RankCtx;
+use crate::backend::strategy::LinearPass;
 use crate::backend::tensor::RtpTensor;
 use crate::comm::rotation::{ring_pass, rotate_columns, Pass};
 use crate::state::accounting::transient;
@@ -67,7 +68,13 @@ fn backward_pass<B: RotationKernels>(
     dy: &Held<B>,
     bias: Option<ShardSpec>,
 ) -> Grads<B> {
-    if ctx.routes_activations() {
+    let pass = LinearPass {
+        rows: dy.shape().num_elements() / spec.last().max(1),
+        d_in: spec.full[0],
+        d_out: spec.last(),
+        backward: Some((weight.is_some(), x.is_some())),
+    };
+    if ctx.routes_activations(&pass) {
         return super::routed::backward_pass(ctx, spec, weight, x, dy, bias);
     }
     let d_in = spec.full[0];
@@ -215,7 +222,13 @@ fn rotated_forward<B: RotationKernels>(
         None => (vec![weight.inner.clone()], None),
     };
     let with_bias = bundle.len() == 2;
-    if ctx.routes_activations() {
+    let pass = LinearPass {
+        rows: x.shape().num_elements() / d_in.max(1),
+        d_in,
+        d_out: spec.last(),
+        backward: None,
+    };
+    if ctx.routes_activations(&pass) {
         let y = super::routed::forward(ctx, &x, bundle, &spec).into_local(ctx.clone());
         return add_late_bias(y, late_bias, ndims);
     }

@@ -205,9 +205,10 @@ pub(crate) trait RankStrategy<B: Backend>: Send + Sync {
         all_gather(comm, inner, layout, op, Category::InFlight)
     }
 
-    /// Whether a sharded weight's op routes the activations to the shards' owners instead of
-    /// rotating the shards (RTP under [`Routing::Activations`](crate::config::Routing)).
-    fn routes_activations(&self) -> bool {
+    /// Whether `pass` of a Linear with a sharded weight routes the activations to the shards'
+    /// owners instead of rotating the shards (RTP under
+    /// [`Routing::Activations`](crate::config::Routing), or `Auto` where they weigh less).
+    fn routes_activations(&self, _pass: &LinearPass) -> bool {
         false
     }
 
@@ -215,6 +216,20 @@ pub(crate) trait RankStrategy<B: Backend>: Send + Sync {
     fn ahead(&self) -> (u64, u64) {
         (0, 0)
     }
+}
+
+/// What one pass of a Linear computes, on which shapes: what decides whether weights or
+/// activations move.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LinearPass {
+    /// Rows of this rank's input (its tokens).
+    pub(crate) rows: usize,
+    /// The weight's input features.
+    pub(crate) d_in: usize,
+    /// The weight's output features.
+    pub(crate) d_out: usize,
+    /// `None` for the forward; for the backward, whether it computes dX and dW.
+    pub(crate) backward: Option<(bool, bool)>,
 }
 
 /// A parameter as the optimizer registers it: its identity, its shard and its layout.
@@ -228,6 +243,7 @@ pub(crate) fn for_rank<B: Backend>(config: &RtpConfig) -> Box<dyn RankStrategy<B
         Strategy::Fsdp => Box::new(fsdp::FsdpRank::new(n)),
         Strategy::Rtp => Box::new(rtp::RtpRank {
             routing: config.routing,
+            world: n,
         }),
     }
 }

@@ -3,7 +3,7 @@
 //! same pass. Under [`Routing::Activations`] a Linear routes each rank's activations to the
 //! shards' owners instead. Nothing is started ahead of the op.
 
-use super::{Buffers, ModelShapes, RankStrategy, Rules, WeightUse};
+use super::{Buffers, LinearPass, ModelShapes, RankStrategy, Rules, WeightUse};
 use crate::config::Routing;
 use crate::state::sharding::Layout;
 use burn::tensor::backend::Backend;
@@ -46,10 +46,37 @@ impl Rules for Rtp {
     }
 }
 
+/// How much less than rotation routing must move before `Auto` routes: rotation's transfers
+/// hide behind its compute, routing's do not.
+const AUTO_MARGIN: f64 = 1.25;
+
+/// Elements one rank sends in `pass` over `world` ranks: `(rotating the weight, routing the
+/// activations)`. Rotation sends `(N-1)/N` of the weight per pass (and as much again for
+/// the travelling dW); routing sends `x` to `N - 1` owners and gets `(N-1)/N` of `y` back, in
+/// the backward `dy`'s columns out, `x` again for dW and the dX partials back.
+pub(crate) fn elements_moved(pass: &LinearPass, world: usize) -> (f64, f64) {
+    let n = world as f64;
+    let (rows, d_in, d_out) = (pass.rows as f64, pass.d_in as f64, pass.d_out as f64);
+    let share = (n - 1.0) / n;
+    let weight = share * d_in * d_out;
+    let x = (n - 1.0) * rows * d_in;
+    let y = share * rows * d_out;
+    match pass.backward {
+        None => (weight, x + y),
+        Some((dx, dw)) => {
+            let rotate = weight * (f64::from(u8::from(dx)) + f64::from(u8::from(dw)));
+            let route = y + x * (f64::from(u8::from(dx)) + f64::from(u8::from(dw)));
+            (rotate, route)
+        }
+    }
+}
+
 /// One rank's RTP: what moves for a sharded Linear.
 pub(crate) struct RtpRank {
-    /// The weights (rotation) or the activations.
+    /// The weights (rotation), the activations, or per pass whichever weighs less.
     pub(crate) routing: Routing,
+    /// Ranks in the world.
+    pub(crate) world: usize,
 }
 
 impl<B: Backend> RankStrategy<B> for RtpRank {
@@ -57,7 +84,14 @@ impl<B: Backend> RankStrategy<B> for RtpRank {
         &Rtp
     }
 
-    fn routes_activations(&self) -> bool {
-        self.routing == Routing::Activations
+    fn routes_activations(&self, pass: &LinearPass) -> bool {
+        match self.routing {
+            Routing::Weights => false,
+            Routing::Activations => true,
+            Routing::Auto => {
+                let (rotate, route) = elements_moved(pass, self.world);
+                route * AUTO_MARGIN < rotate
+            }
+        }
     }
 }

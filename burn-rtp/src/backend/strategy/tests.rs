@@ -71,3 +71,54 @@ fn in_flight_bytes_follow_each_strategys_rule() {
     let bucketed = rules(Strategy::Ddp).in_flight(&model(1 << 20, &[]), 4);
     assert_eq!(bucketed.update, 3 * 108 * 4 + (3 * 108 * 4u64).div_ceil(4));
 }
+
+#[test]
+fn auto_routes_where_the_tokens_weigh_less_than_the_weights() {
+    use crate::config::Routing;
+    let auto = rtp::RtpRank {
+        routing: Routing::Auto,
+        world: 4,
+    };
+    let routes = |rows, d_in, d_out, backward| {
+        let pass = LinearPass {
+            rows,
+            d_in,
+            d_out,
+            backward,
+        };
+        <rtp::RtpRank as RankStrategy<burn::backend::NdArray>>::routes_activations(&auto, &pass)
+    };
+    // Config B's MLP (32 tokens per rank, 768 -> 3072): routing moves a twelfth.
+    let (rotate, route) = rtp::elements_moved(
+        &LinearPass {
+            rows: 32,
+            d_in: 768,
+            d_out: 3072,
+            backward: None,
+        },
+        4,
+    );
+    assert_eq!(
+        (rotate, route),
+        (
+            0.75 * 768.0 * 3072.0,
+            3.0 * 32.0 * 768.0 + 0.75 * 32.0 * 3072.0
+        )
+    );
+    for backward in [
+        None,
+        Some((true, true)),
+        Some((true, false)),
+        Some((false, true)),
+    ] {
+        assert!(routes(32, 768, 3072, backward), "{backward:?}");
+        // Config A's MLP (512 tokens per rank, 256 -> 1024): rotation moves less.
+        assert!(!routes(512, 256, 1024, backward), "{backward:?}");
+    }
+    // Within the margin, rotation stays: routing 1.1x less is not enough.
+    let d = 64;
+    let rows = (0.75 * (d * d) as f64 / 1.1 / (3.0 * d as f64 + 0.75 * d as f64)) as usize;
+    assert!(!routes(rows, d, d, None));
+    // Only the bias's gradient: nothing rotates that routing could save.
+    assert!(!routes(32, 768, 3072, Some((false, false))));
+}
