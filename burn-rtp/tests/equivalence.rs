@@ -109,7 +109,6 @@ cases! {
     lm_n8_in_place: run_lm_with, 8, RotationMode::InPlace;
 }
 
-/// The two baselines run on the same machinery and must train identically too.
 /// Activation routing (the weights stay home, the activations travel) against single-device
 /// Burn, by the same standard as rotation, in-process and with buffered sends.
 mod routed {
@@ -145,6 +144,7 @@ mod routed {
     }
 }
 
+/// The two baselines run on the same machinery and must train identically too.
 #[test]
 fn baselines_match_single_device() {
     baselines(|c| c);

@@ -113,3 +113,31 @@ fn auto_routes_the_small_batch_and_rotates_the_large_one() {
         assert_ne!(lm, e(Which::Lm, Routing::Activations), "LM N={n}");
     }
 }
+
+/// Under `Auto`, ranks whose rows put them on either side of the choice take different
+/// schedules; every rank must still fail with a typed error, well before its peer timeout.
+#[test]
+fn auto_with_unequal_rows_fails_every_rank_quickly() {
+    use burn::nn::{Linear, LinearConfig};
+    use burn::tensor::{Distribution, Tensor};
+    use burn_rtp::{launch, Rtp};
+    use std::time::{Duration, Instant};
+    type Dist = burn::backend::Autodiff<Rtp<NdArray>>;
+    for n in [2, 3, 4] {
+        let config = RtpConfig::new(n)
+            .with_shard_threshold(0)
+            .with_routing(Routing::Auto)
+            .with_peer_timeout(Duration::from_secs(60));
+        let started = Instant::now();
+        let err = launch(config, |device| {
+            let layer: Linear<Dist> = LinearConfig::new(64, 64).init(&device);
+            // Rank 0's 2 rows route; the others' 64 rows rotate.
+            let rows = if device.rank() == 0 { 2 } else { 64 };
+            let x = Tensor::<Dist, 2>::random([rows, 64], Distribution::Default, &device);
+            layer.forward(x).sum().into_scalar()
+        })
+        .unwrap_err();
+        let took = started.elapsed();
+        assert!(took < Duration::from_secs(20), "N={n}: {took:?} for {err}");
+    }
+}

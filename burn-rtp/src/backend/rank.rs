@@ -1,6 +1,6 @@
-//! The op-level state of one rank, around its communication context: what the backend's ops
-//! decide and remember (Linear pairing, parameter streams, gather fallbacks, shard IO) and the
-//! device id Burn knows the rank by.
+//! The op-level state of one rank, around its communication context and its strategy: what
+//! the backend's ops decide and remember (Linear pairing, parameter streams, gather fallbacks,
+//! shard IO) and the device id Burn knows the rank by.
 
 use crate::backend::gathers::GatherFallback;
 use crate::backend::pairing::LinearRecords;

@@ -51,6 +51,13 @@ pub(crate) fn all_to_all<B: Backend>(
         .map(|t| t.dtype().size())
         .unwrap_or(4);
     let seq = ctx.next_seq();
+    if n == 1 {
+        // Nothing to exchange: the one bundle is this rank's own.
+        return Routed {
+            bundles: outgoing,
+            charges: Vec::new(),
+        };
+    }
     // Part numbers tell the messages of one exchange apart: source, destination, tensor.
     let headers = |src: usize, dst: usize, shapes: Vec<Vec<usize>>| -> Vec<Stamped> {
         shapes

@@ -74,8 +74,11 @@ pub enum Routing {
     /// for every rank and sends them back; no weight leaves its owner. Every rank must pass a
     /// Linear the same number of rows (a difference is `RtpError::Desync`).
     Activations,
-    /// Per Linear and per pass, whichever of the two moves fewer bytes by the counts above,
-    /// with a margin in rotation's favour (its transfers hide behind compute; routing's wait).
+    /// Per Linear and per pass, whichever of the two sends fewer elements (the counts above
+    /// for the forward; in the backward, rotation sends the weight once per gradient it
+    /// computes, dX and dW, and routing sends `dy`'s columns and `x` once per gradient), with
+    /// a margin of 1.25 in rotation's favour (its transfers hide behind compute; routing's
+    /// wait).
     /// Ranks decide from their own rows, so every rank must pass a Linear the same number of
     /// rows, as under `Activations`.
     Auto,

@@ -1,6 +1,8 @@
 //! Linear: the forward rotates the weight shards; the backward is one ring pass in which
 //! the weight shard rotates (dX) while the gradient buffer `[dW_j, db_j]` travels with it.
 //! How Burn's three backward calls come to share that pass is [`crate::backend::pairing`].
+//! A pass the rank's strategy routes (`Routing`) moves the activations instead, with the same
+//! arguments and results (`routed.rs`).
 
 use super::weights::{
     broadcastable, gather_unit, local, mean_over_ranks, reduce_scatter_full, use_of, use_of_layout,
@@ -59,7 +61,7 @@ pub(super) struct Grads<B: Backend> {
 /// A Linear's backward as one ring pass. With `weight` the weight shards rotate and dX is
 /// accumulated; with `x` this rank's `xᵀ dy_j` travels to shard `j`'s home (dW); with
 /// `bias` the column sums of `dy_j` travel with it (db). Any subset works; with nothing to
-/// rotate or carry it is not called.
+/// rotate or carry it is not called. A pass the strategy routes goes to `routed.rs` instead.
 fn backward_pass<B: RotationKernels>(
     ctx: &Arc<RankCtx<B>>,
     spec: &ShardSpec,

@@ -1,5 +1,5 @@
-//! A sharded Linear under activation routing (RTP with `Routing::Activations`): the weights
-//! stay with their owners, and the activations travel.
+//! A sharded Linear under activation routing (RTP with `Routing::Activations`, or a pass that
+//! `Routing::Auto` routes): the weights stay with their owners, and the activations travel.
 //!
 //! * **Forward.** Each rank's `x` goes to every shard's owner (one all-to-all). Owner `j`
 //!   computes its shard's columns of every rank's `y` with the same step kernel rotation uses,
@@ -25,7 +25,7 @@ use super::weights::mean_over_ranks;
 use super::Float;
 use crate::backend::rank::RankCtx;
 use crate::backend::tensor::RtpTensor;
-use crate::comm::route::all_to_all;
+use crate::comm::route::{all_to_all, Routed};
 use crate::state::accounting::{transient, Category, Held};
 use crate::state::sharding::{Layout, ShardSpec};
 use burn::tensor::TensorMetadata;
@@ -81,10 +81,12 @@ pub(super) fn forward<B: RotationKernels>(
         })
         .collect();
     drop(xs.charges);
-    let _blocks = transient::<B>(&ctx.comm.ledger, &blocks.concat());
+    let blocks_charge = transient::<B>(&ctx.comm.ledger, &blocks.concat());
     let ys = all_to_all(&ctx.comm, "linear.route_y", blocks, |j| {
         vec![with_last(&x_dims, spec.range(j).len)]
     });
+    // The blocks sent are gone; those received stay charged until they are joined.
+    drop(blocks_charge);
     let parts = ys.bundles.into_iter().map(|mut b| b.remove(0)).collect();
     let y = kernels::assemble_columns::<B>(parts, x_dims.len() - 1);
     Held::new(&ctx.comm.ledger, y, Category::Local)
@@ -126,59 +128,71 @@ pub(super) fn backward_pass<B: RotationKernels>(
             .collect()
     });
     let window = kernels::Window::new(0, len);
-    let mut partials = Vec::new();
-    let mut contributions = Vec::new();
-    for bundle in &incoming.bundles {
+    let shapes = |bundle: &[Float<B>]| -> Vec<Vec<usize>> {
+        bundle.iter().map(|t| t.shape().to_vec()).collect()
+    };
+    // Every rank's dX partial, sent back below.
+    let partials: Vec<Vec<Float<B>>> = match &weight {
+        Some(w) => (incoming.bundles.iter())
+            .map(|bundle| {
+                let p = kernels::x_grad_step::<B>(None, w.clone(), bundle[0].clone(), window)
+                    .unwrap_or_else(|e| {
+                        refused(ctx, "linear.route_backward_x", &shapes(bundle), e)
+                    });
+                vec![p]
+            })
+            .collect(),
+        None => Vec::new(),
+    };
+    let partials_charge = transient::<B>(&ctx.comm.ledger, &partials.concat());
+    // dW and db: each rank's contribution, added as it is made, in the ring pass's order (the
+    // buffer of shard `j` starts on rank `j + 1` and ends at home), so that at most the sum
+    // and one contribution live at a time.
+    let contribution = |bundle: &[Float<B>]| -> Vec<Float<B>> {
         let dy_s = bundle[0].clone();
-        let shapes = || {
-            bundle
-                .iter()
-                .map(|t| t.shape().to_vec())
-                .collect::<Vec<_>>()
-        };
-        if let Some(w) = &weight {
-            let p = kernels::x_grad_step::<B>(None, w.clone(), dy_s.clone(), window)
-                .unwrap_or_else(|e| refused(ctx, "linear.route_backward_x", &shapes(), e));
-            partials.push(vec![p]);
-        }
-        contributions.push(match bundle.get(1) {
+        match bundle.get(1) {
             Some(x_s) => {
                 let (dw, db) =
                     kernels::weight_grad_step::<B>(x_s.clone(), dy_s, window, with_bias, None)
                         .unwrap_or_else(|e| {
-                            refused(ctx, "linear.route_backward_weight", &shapes(), e)
+                            refused(ctx, "linear.route_backward_weight", &shapes(bundle), e)
                         });
                 std::iter::once(dw).chain(db).collect()
             }
             None if with_bias => vec![B::linear_bias_backward(dy_s)],
             None => Vec::new(),
-        });
+        }
+    };
+    let mut own: Vec<Float<B>> = Vec::new();
+    for t in 1..=n {
+        let mine = contribution(&incoming.bundles[(rank + t) % n]);
+        let _mine = transient::<B>(&ctx.comm.ledger, &mine);
+        own = if t == 1 {
+            mine
+        } else {
+            own.into_iter()
+                .zip(mine)
+                .map(|(a, m)| B::float_add(a, m))
+                .collect()
+        };
     }
     drop(incoming);
-    // The ring pass's order: the buffer of shard `j` starts on rank `j + 1` and ends at home.
-    let mut order = (1..=n).map(|t| (rank + t) % n);
-    let first = order.next().expect("at least one rank");
-    let mut own = std::mem::take(&mut contributions[first]);
-    for s in order {
-        let mine = std::mem::take(&mut contributions[s]);
-        own = own
-            .into_iter()
-            .zip(mine)
-            .map(|(a, m)| B::float_add(a, m))
-            .collect();
-    }
     let dx = (!partials.is_empty()).then(|| {
-        let _partials = transient::<B>(&ctx.comm.ledger, &partials.concat());
         let dx_dims = with_last(&dy_dims, spec.full[0]);
-        let mut back = all_to_all(&ctx.comm, "linear.route_dx", partials, |_| {
+        let back = all_to_all(&ctx.comm, "linear.route_dx", partials, |_| {
             vec![dx_dims.clone()]
-        })
-        .bundles;
+        });
+        // The partials sent are gone; those received stay charged until they are added.
+        drop(partials_charge);
+        let Routed {
+            mut bundles,
+            charges: _received,
+        } = back;
         // Rotation's order: this rank's own shard first, then `rank - 1`, `rank - 2`, ...
-        let mut acc = back[rank].remove(0);
+        let mut acc = bundles[rank].remove(0);
         for t in 1..n {
             let j = (rank + n - t) % n;
-            acc = B::float_add(acc, back[j].remove(0));
+            acc = B::float_add(acc, bundles[j].remove(0));
         }
         acc
     });

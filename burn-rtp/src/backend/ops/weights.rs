@@ -1,5 +1,6 @@
 //! How a module op uses its weight: whole (replicated or local), gathered for the op (FSDP),
-//! or rotated shard by shard around the ring (RTP), as the rank's strategy rules
+//! or computed shard by shard where the shards live (RTP: rotated around the ring, or with the
+//! activations routed to them), as the rank's strategy rules
 //! (`backend::strategy`). Linear and Embedding `match` on [`WeightUse`] once per op; the
 //! helpers here are what those arms share.
 

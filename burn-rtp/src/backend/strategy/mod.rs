@@ -6,7 +6,8 @@
 //!   rule). The planner and checkpoint resharding read it without a backend.
 //! * [`RankStrategy`], one per rank: what the strategy starts ahead of need on the rank's
 //!   background worker and hands back later, namely DDP's gradient buckets and FSDP's
-//!   prefetched gathers. RTP starts nothing ahead: its shards rotate inside the op.
+//!   prefetched gathers, and, for RTP, whether a Linear pass routes its activations instead
+//!   of rotating the shards. RTP starts nothing ahead: it computes inside the op.
 //!
 //! Nothing outside this folder names a strategy to decide what to do: the ops `match` on a
 //! [`WeightUse`], the optimizer calls the hooks, and a new strategy is a new file here.
@@ -34,7 +35,8 @@ pub(crate) enum WeightUse {
     Whole,
     /// Sharded under FSDP: all-gathered for the op, the gradient reduce-scattered.
     Gathered(ShardSpec),
-    /// Sharded under RTP: the shards rotate, the gradient travels to its home.
+    /// Sharded under RTP: computed where the shards live, the shards rotating (the gradient
+    /// travelling to its home) or the activations routed to them (`Routing`).
     Rotated(ShardSpec),
 }
 
@@ -176,7 +178,8 @@ pub(crate) trait RankStrategy<B: Backend>: Send + Sync {
     }
 
     /// The gradients are synchronised: wait for every job in flight, so that none outlives
-    /// the step, and forget what was computed ahead and not claimed.
+    /// the step, and forget the sums computed ahead and not claimed (FSDP's prefetched
+    /// gathers stay until [`RankStrategy::release_params`]).
     fn after_sync(&self, comm: &Comm<B>) {
         comm.wait_background();
     }
