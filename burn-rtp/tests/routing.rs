@@ -53,6 +53,34 @@ fn routing_synchronises_less_than_rotation_beyond_three_ranks() {
     }
 }
 
+/// What each rank's messages carry under activation routing, to the byte, for the MLP
+/// (`fc1` 36 -> 100, `fc2` 100 -> 67; the input is data, so `fc1` has no dX): per step, each
+/// forward sends `x` to the `N - 1` owners and this rank's columns of their `y` back; each
+/// backward sends `dy`'s columns to their owners and the dX partials back, and no `x`: the
+/// owners kept it from the forward. The run ends by gathering the parameters.
+#[test]
+fn routed_steps_send_each_input_once() {
+    for n in [3, 4] {
+        let len = |d: usize, r: usize| d / n + usize::from(r < d % n);
+        let rows = GLOBAL_BATCH / n;
+        let (d_in, d_ff, d_out) = (D_MODEL, D_FF, VOCAB);
+        let counted = run(Which::Mlp, n, Routing::Activations);
+        for (r, c) in counted.iter().enumerate() {
+            let (l1, l2) = (len(d_ff, r), len(d_out, r));
+            let forward = (n - 1) * rows * (d_in + l1) + (n - 1) * rows * (d_ff + l2);
+            let backward = rows * (d_out - l2) + (n - 1) * rows * d_ff + rows * (d_ff - l1);
+            let gather = (n - 1) * (d_in * l1 + l1 + d_ff * l2 + l2);
+            let elements = STEPS * (forward + backward) + gather;
+            assert_eq!(
+                c.message_bytes,
+                4 * elements as u64,
+                "N={n} rank {r}: bytes sent (x sent again in the backward would add {})",
+                4 * STEPS * (n - 1) * rows * (d_in + d_ff)
+            );
+        }
+    }
+}
+
 /// Owner `j` sums the dW contributions in the order the ring pass carries them (from rank
 /// `j + 1` round to `j`), and each rank adds its dX partials in the order rotation
 /// accumulates them, with the same step kernels: on NdArray the two modes give the same bits,

@@ -304,6 +304,16 @@ impl<B: Backend> RtpDevice<B> {
         FsdpPrefetches { started, used }
     }
 
+    /// Bytes of tensor data this rank's messages have carried to its peers so far, on any
+    /// transport: what the strategy moves, by the tensors' sizes. In-process, where tensors
+    /// are handed over rather than sent, this is what a byte transport would have sent.
+    pub fn message_bytes(&self) -> u64 {
+        self.ctx
+            .comm
+            .message_bytes
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Bytes of tensor data this rank's transport has sent since it started: the wire volume
     /// of MPI (0 in-process, where tensors are handed over, not sent).
     pub fn sent_bytes(&self) -> u64 {

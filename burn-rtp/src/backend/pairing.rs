@@ -12,6 +12,13 @@
 //!   identity (their charge, shared by all clones of a tensor), the layouts of the weight and
 //!   the bias, and, where the weight rotates, `x` itself (autodiff keeps it alive for the
 //!   backward anyway).
+//! * **Routed inputs.** A forward that routed its activations (`Routing`) leaves on each owner
+//!   every peer's `x` it received ([`PeerInputs`]), so that the backward computes dW from
+//!   them and no `x` travels twice. Linears fed the same `x` (attention's query, key and
+//!   value) share one copy: the later forwards find it by `x`'s identity and send nothing.
+//!   They are released with the record's own `x`. Every rank runs the same graph, so every
+//!   rank keeps (or releases) its peers' inputs at the same points, and each knows without
+//!   asking whether its owners still hold its `x`.
 //! * **Released inputs.** Once nothing but records holds a record's `x`, the record lets it
 //!   go and keeps only the layouts: under activation checkpointing
 //!   (`Autodiff<_, BalancedCheckpointing>`) autodiff drops a memory-bound `x` after the
@@ -38,7 +45,7 @@ use crate::state::sharding::Layout;
 use burn::tensor::backend::Backend;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, Weak};
+use std::sync::{Arc, Mutex, Weak};
 
 /// Forward records kept at most: far more Linear calls than one graph of a large model holds.
 const MAX_RECORDS: usize = 4096;
@@ -66,12 +73,19 @@ fn same(a: &Identity, b: &Identity) -> bool {
     Weak::ptr_eq(a, b)
 }
 
+/// Every peer's `x` of a routed forward, on this rank as the owner of its weight shards: at
+/// index `p` rank `p`'s `x`, charged as an activation (`None` at this rank, whose own `x` is
+/// the record's).
+pub(crate) type PeerInputs<B> = Arc<Vec<Option<Held<B>>>>;
+
 /// What one Linear forward leaves for its backward.
 pub(crate) struct Forward<B: Backend> {
     weight: Identity,
     x_id: Identity,
     /// `x` itself, for a rotating weight (its dW is computed in the dX pass).
     x: Option<Held<B>>,
+    /// The peers' `x`, when the forward routed them here; released with `x`.
+    peer_x: Option<PeerInputs<B>>,
     /// Shape of `x`.
     x_dims: Vec<usize>,
     /// Logical shape of the weight.
@@ -91,6 +105,7 @@ impl<B: Backend> Forward<B> {
             weight: weight.identity(),
             x_id: x.identity(),
             x: keep_x.then(|| x.keep()),
+            peer_x: None,
             x_dims: x.dims(),
             weight_dims: weight.dims(),
             weight_layout: weight.layout().clone(),
@@ -103,6 +118,11 @@ impl<B: Backend> Forward<B> {
     /// record (the optimizer replaced it).
     fn weight_alive(&self) -> bool {
         self.weight.strong_count() > 0
+    }
+
+    /// The peers' inputs the forward routed here, while the record holds its `x`.
+    pub fn peer_x(&self) -> Option<PeerInputs<B>> {
+        self.x.as_ref().and(self.peer_x.clone())
     }
 }
 
@@ -161,6 +181,8 @@ pub(crate) struct Guess<B: Backend> {
     pub weight_layout: Layout,
     /// Layout of its bias, if it had one.
     pub bias_layout: Option<Layout>,
+    /// The peers' inputs the forward routed to this rank, if it routed them and holds `x`.
+    pub peer_x: Option<PeerInputs<B>>,
 }
 
 /// One rank's forward records and deferred gradients.
@@ -265,6 +287,7 @@ impl<B: Backend> Pairing<B> {
         for f in self.forwards.iter_mut().filter(|f| f.x.is_some()) {
             if f.x_id.strong_count() <= holds[&f.x_id.as_ptr()] {
                 f.x = None;
+                f.peer_x = None;
             } else {
                 any = true;
             }
@@ -292,7 +315,27 @@ impl<B: Backend> Pairing<B> {
             x: f.x.as_ref().map(|x| (f.x_id.clone(), x.get())),
             weight_layout: f.weight_layout.clone(),
             bias_layout: f.bias_layout.clone(),
+            peer_x: f.peer_x(),
         })
+    }
+
+    /// The peers' inputs that a live record of a routed forward of this same `x` holds, for
+    /// a forward that routes it again (each owner has it already).
+    pub fn peer_x_of(&mut self, x: &Identity) -> Option<PeerInputs<B>> {
+        self.release_inputs();
+        (self.forwards.iter().rev())
+            .filter(|f| same(&f.x_id, x))
+            .find_map(Forward::peer_x)
+    }
+
+    /// Leaves the peers' inputs a routed forward received in the newest record of `x` through
+    /// `weight` (the one that forward made).
+    pub fn keep_peer_x(&mut self, x: &Identity, weight: &Identity, peer_x: PeerInputs<B>) {
+        let newest = (self.forwards.iter_mut().rev())
+            .find(|f| same(&f.x_id, x) && same(&f.weight, weight) && f.x.is_some());
+        if let Some(f) = newest {
+            f.peer_x = Some(peer_x);
+        }
     }
 
     /// Stores gradients computed ahead; any older ones were never asked for and go.

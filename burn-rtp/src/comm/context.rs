@@ -35,6 +35,9 @@ pub(crate) struct Comm<B: Backend> {
     pub(crate) timeline: Timeline,
     /// Exchanges with the ring neighbours (each one synchronisation).
     pub(crate) exchanges: AtomicU64,
+    /// Bytes of tensor data this rank's messages carried to its peers, on any transport (an
+    /// in-process one hands the tensors over instead of moving bytes, and counts them too).
+    pub(crate) message_bytes: AtomicU64,
     /// Collectives running behind the rank's compute (DDP's bucket all-reduces).
     pub(crate) background: Background,
     seq: AtomicU64,
@@ -66,6 +69,7 @@ impl<B: Backend> Comm<B> {
             ledger,
             timeline: Timeline::default(),
             exchanges: AtomicU64::new(0),
+            message_bytes: AtomicU64::new(0),
             background: Background::default(),
             seq: AtomicU64::new(0),
             copy_on_receive,

@@ -20,7 +20,7 @@
 use crate::comm::context::{Comm, Stamped};
 use crate::comm::transport::{BufferKind, Header, Payload, RecvHandle, SendHandle};
 use crate::state::accounting::Float;
-use crate::state::accounting::{bytes_of_shapes, Category, Charge};
+use crate::state::accounting::{bytes_of, bytes_of_shapes, Category, Charge};
 use crate::state::timeline::IntervalKind;
 use burn::tensor::backend::Backend;
 use burn::tensor::{try_read_sync, TensorData, TensorMetadata};
@@ -257,6 +257,15 @@ fn start<B: Backend>(
 ) -> Started {
     let mut hold = hold.to_vec();
     hold.extend(payloads.copies);
+    let bytes: usize = (payloads.payloads.iter())
+        .map(|p| match p {
+            Payload::Device(t) => bytes_of(t),
+            Payload::Host(data) => data.bytes.len(),
+            Payload::Borrowed(b) => b.bytes().len(),
+        })
+        .sum();
+    ctx.message_bytes
+        .fetch_add(bytes as u64, std::sync::atomic::Ordering::Relaxed);
     Started(
         headers
             .into_iter()

@@ -71,14 +71,18 @@ pub enum Routing {
     #[default]
     Weights,
     /// Each rank's activations go to every shard's owner, which computes that shard's columns
-    /// for every rank and sends them back; no weight leaves its owner. Every rank must pass a
-    /// Linear the same number of rows (a difference is `RtpError::Desync`).
+    /// for every rank and sends them back; no weight leaves its owner. The owner keeps the
+    /// inputs it received until the backward, which computes dW from them: each input
+    /// travels once per step (Linears fed the same input share it), and an owner holds
+    /// `N - 1` peers' inputs beside its own as activations. Every rank must pass a Linear the
+    /// same number of rows (a difference is `RtpError::Desync`).
     Activations,
     /// Per Linear and per pass, whichever of the two sends fewer elements (the counts above
-    /// for the forward; in the backward, rotation sends the weight once per gradient it
-    /// computes, dX and dW, and routing sends `dy`'s columns and `x` once per gradient), with
-    /// a margin of 1.25 in rotation's favour (its transfers hide behind compute; routing's
-    /// wait).
+    /// for the forward, without `x` where the owners have it already; in the backward,
+    /// rotation sends the weight once per gradient it computes, dX and dW, and routing sends
+    /// `dy`'s columns, the dX partials back and `x` for dW unless the forward routed it),
+    /// with a margin of 1.25 in rotation's favour (its transfers hide behind compute;
+    /// routing's wait).
     /// Ranks decide from their own rows, so every rank must pass a Linear the same number of
     /// rows, as under `Activations`.
     Auto,

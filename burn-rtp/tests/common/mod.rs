@@ -499,6 +499,8 @@ pub struct Counted {
     pub launches: u64,
     /// Exchanges with other ranks over the whole run.
     pub exchanges: u64,
+    /// Bytes of tensor data this rank's messages carried over the whole run.
+    pub message_bytes: u64,
     /// What DDP's gradient buckets did over the whole run.
     pub buckets: burn_rtp::DdpBuckets,
     /// What FSDP's prefetch did over the whole run.
@@ -527,6 +529,7 @@ pub fn rtp_run_checkpointed_on<I: RotationKernels, C: CheckpointStrategy>(
     burn_rtp::try_launch_on(config, inner_device, |device| {
         let before = burn_rtp_kernels::fused_launches_on_this_thread();
         let exchanges = device.exchanges();
+        let message_bytes = device.message_bytes();
         let rows = rows(device.rank(), world);
         let run = match which {
             Which::Mlp => {
@@ -548,6 +551,7 @@ pub fn rtp_run_checkpointed_on<I: RotationKernels, C: CheckpointStrategy>(
             run,
             launches: burn_rtp_kernels::fused_launches_on_this_thread() - before,
             exchanges: device.exchanges() - exchanges,
+            message_bytes: device.message_bytes() - message_bytes,
             buckets: device.ddp_buckets(),
             prefetches: device.fsdp_prefetches(),
         })

@@ -9,7 +9,7 @@ use super::weights::{
     WeightUse,
 };
 use super::{full_inner, unary, Float};
-use crate::backend::pairing::{Deferred, Forward, Guess};
+use crate::backend::pairing::{Deferred, Forward, Guess, Identity, PeerInputs};
 use crate::backend::rank::RankCtx;
 use crate::backend::strategy::LinearPass;
 use crate::backend::tensor::RtpTensor;
@@ -61,7 +61,8 @@ pub(super) struct Grads<B: Backend> {
 /// A Linear's backward as one ring pass. With `weight` the weight shards rotate and dX is
 /// accumulated; with `x` this rank's `xᵀ dy_j` travels to shard `j`'s home (dW); with
 /// `bias` the column sums of `dy_j` travel with it (db). Any subset works; with nothing to
-/// rotate or carry it is not called. A pass the strategy routes goes to `routed.rs` instead.
+/// rotate or carry it is not called. A pass the strategy routes goes to `routed.rs` instead;
+/// `peer_x`, the peers' inputs a routed forward of this `x` left here, spares it sending `x`.
 fn backward_pass<B: RotationKernels>(
     ctx: &Arc<RankCtx<B>>,
     spec: &ShardSpec,
@@ -69,14 +70,18 @@ fn backward_pass<B: RotationKernels>(
     x: Option<Float<B>>,
     dy: &Held<B>,
     bias: Option<ShardSpec>,
+    peer_x: Option<PeerInputs<B>>,
 ) -> Grads<B> {
+    let peer_x = peer_x.filter(|_| x.is_some());
     let pass = LinearPass {
         rows: dy.shape().num_elements() / spec.last().max(1),
         d_in: spec.full[0],
         d_out: spec.last(),
         backward: Some((weight.is_some(), x.is_some())),
+        x_on_owners: peer_x.is_some(),
     };
     if ctx.routes_activations(&pass) {
+        let x = x.map(|x| super::routed::Input { x, peer_x });
         return super::routed::backward_pass(ctx, spec, weight, x, dy, bias);
     }
     let d_in = spec.full[0];
@@ -185,6 +190,7 @@ pub(super) fn forward<B: RotationKernels>(
     let use_ = use_of(&weight);
     let rotates = matches!(use_, WeightUse::Rotated(_));
     ctx.record_forward(Forward::new(&x, &weight, bias.as_ref(), rotates));
+    let ids = (x.identity(), weight.identity());
     let op = "linear";
     match use_ {
         WeightUse::Whole => {
@@ -200,15 +206,19 @@ pub(super) fn forward<B: RotationKernels>(
             let b = b.as_ref().map(Held::get);
             local(&ctx, kernels::forward_whole::<B>(x.get(), w.get(), b))
         }
-        WeightUse::Rotated(spec) => rotated_forward(&ctx, full_inner(x, op), weight, bias, spec),
+        WeightUse::Rotated(spec) => {
+            rotated_forward(&ctx, full_inner(x, op), ids, weight, bias, spec)
+        }
     }
 }
 
 /// RTP's forward: the weight shards (with a bias split like them) rotate, and each step
-/// writes its block of output columns.
+/// writes its block of output columns. `ids` are `x`'s and the weight's identities, under
+/// which a routed forward leaves the peers' inputs for the backward.
 fn rotated_forward<B: RotationKernels>(
     ctx: &Arc<RankCtx<B>>,
     x: Held<B>,
+    ids: (Identity, Identity),
     weight: RtpTensor<B>,
     bias: Option<RtpTensor<B>>,
     spec: ShardSpec,
@@ -224,15 +234,21 @@ fn rotated_forward<B: RotationKernels>(
         None => (vec![weight.inner.clone()], None),
     };
     let with_bias = bundle.len() == 2;
+    let (x_id, weight_id) = ids;
+    let kept = ctx.linear.pairing.lock().unwrap().peer_x_of(&x_id);
     let pass = LinearPass {
         rows: x.shape().num_elements() / d_in.max(1),
         d_in,
         d_out: spec.last(),
         backward: None,
+        x_on_owners: kept.is_some(),
     };
     if ctx.routes_activations(&pass) {
-        let y = super::routed::forward(ctx, &x, bundle, &spec).into_local(ctx.clone());
-        return add_late_bias(y, late_bias, ndims);
+        let (y, peer_x) = super::routed::forward(ctx, &x, kept, bundle, &spec);
+        let mut pairing = ctx.linear.pairing.lock().unwrap();
+        pairing.keep_peer_x(&x_id, &weight_id, peer_x);
+        drop(pairing);
+        return add_late_bias(y.into_local(ctx.clone()), late_bias, ndims);
     }
     let y = kernels::output_for_columns::<B>(&x.get(), spec.last());
     let (packed, packed_charge) = pack_for_pass(ctx, &x.get(), kernels::XUse::Forward);
@@ -309,13 +325,13 @@ pub(super) fn x_backward<B: RotationKernels>(
             let dy = full_inner(dy, op);
             let w = Some(weight.inner.clone());
             let Some(guess) = guess else {
-                let g = backward_pass(&ctx, &spec, w, None, &dy, None);
+                let g = backward_pass(&ctx, &spec, w, None, &dy, None, None);
                 return local(&ctx, g.dx.expect("the weight rotated"));
             };
             let Some((x_id, x)) = guess.x.clone() else {
                 // A released input (recomputed by autodiff for the weight's call): dX now,
                 // and the layouts for the weight's call, which sends dW around on its own.
-                let g = backward_pass(&ctx, &spec, w, None, &dy, None);
+                let g = backward_pass(&ctx, &spec, w, None, &dy, None, None);
                 leave_layouts(dy_id, guess);
                 let mut split = ctx.linear.split_passes.lock().unwrap();
                 if !split.contains(&spec.full.to_vec()) {
@@ -326,7 +342,7 @@ pub(super) fn x_backward<B: RotationKernels>(
             };
             let bias_layout = guess.bias_layout;
             let bias = travelling_bias(&bias_layout);
-            let g = backward_pass(&ctx, &spec, w, Some(x), &dy, bias);
+            let g = backward_pass(&ctx, &spec, w, Some(x), &dy, bias, guess.peer_x);
             let mut deferred = Deferred::new(x_id, dy_id, bias_layout);
             deferred.dw = g.dw.map(RtpTensor::into_placed);
             deferred.db = g.db.map(RtpTensor::into_placed);
@@ -353,11 +369,15 @@ pub(super) fn weight_backward<B: RotationKernels>(
         drop(pairing);
         return RtpTensor::from_placed(ctx, dw);
     }
-    let layouts = match pairing.claim_layouts(&dy) {
-        Some(layouts) => Some(layouts),
-        None => pairing
-            .take_forward(&x, &dy)
-            .map(|f| (f.weight_layout, f.bias_layout)),
+    let (layouts, peer_x) = match pairing.claim_layouts(&dy) {
+        Some(layouts) => (Some(layouts), None),
+        None => match pairing.take_forward(&x, &dy) {
+            Some(f) => {
+                let peer_x = f.peer_x();
+                (Some((f.weight_layout, f.bias_layout)), peer_x)
+            }
+            None => (None, None),
+        },
     };
     drop(pairing);
     let (x_id, dy_id) = (x.identity(), dy.identity());
@@ -381,7 +401,7 @@ pub(super) fn weight_backward<B: RotationKernels>(
         }
         WeightUse::Rotated(spec) => {
             let bias = travelling_bias(&deferred.bias_layout);
-            let g = backward_pass(&ctx, &spec, None, Some(x.get()), &dy, bias);
+            let g = backward_pass(&ctx, &spec, None, Some(x.get()), &dy, bias, peer_x);
             deferred.db = g.db.map(RtpTensor::into_placed);
             g.dw.expect("x travelled")
         }
@@ -414,8 +434,10 @@ pub(super) fn bias_backward<B: RotationKernels>(dy: RtpTensor<B>) -> RtpTensor<B
             reduce_scatter_full(&ctx, "linear.reduce_scatter_bias", spec, full)
         }
         // The bias is split like the weight's columns, so its own spec gives the columns.
-        WeightUse::Rotated(spec) => backward_pass(&ctx, &spec.clone(), None, None, &dy, Some(spec))
-            .db
-            .expect("the bias travelled"),
+        WeightUse::Rotated(spec) => {
+            backward_pass(&ctx, &spec.clone(), None, None, &dy, Some(spec), None)
+                .db
+                .expect("the bias travelled")
+        }
     }
 }

@@ -17,12 +17,19 @@
 //!   GEMM's block of the sum, the accumulator joins the first block's partial sum, and dX may
 //!   differ from rotation's in the last places (within the equivalence suite's bound).
 //!
+//! The owner keeps the peers' inputs the forward sent it, in the forward's record
+//! (`backend::pairing`), so the backward computes dW from them and `x` travels once per
+//! step; a Linear fed the same `x` as one routed before it (attention's query, key and value)
+//! sends none. Those inputs are activations on the owner: `N - 1` peers' `x` for each routed
+//! input, released with the rank's own.
+//!
 //! Every rank must pass the Linear the same number of rows: each rank expects its peers'
 //! blocks to have its own shape, and a difference is `RtpError::Desync` naming both.
 
 use super::linear::Grads;
 use super::weights::mean_over_ranks;
 use super::Float;
+use crate::backend::pairing::PeerInputs;
 use crate::backend::rank::RankCtx;
 use crate::backend::tensor::RtpTensor;
 use crate::comm::route::{all_to_all, Routed};
@@ -52,27 +59,36 @@ fn refused<B: RotationKernels>(
 }
 
 /// The forward of a Linear whose weight is sharded by `spec`: `own` is this rank's bundle,
-/// its weight shard and, when split like it, its bias shard.
+/// its weight shard and, when split like it, its bias shard. `kept` are the peers' inputs a
+/// routed forward of this same `x` left here (then no `x` travels). Returns `y` and the
+/// peers' inputs, for the record.
 pub(super) fn forward<B: RotationKernels>(
     ctx: &Arc<RankCtx<B>>,
     x: &Held<B>,
+    kept: Option<PeerInputs<B>>,
     own: Vec<Float<B>>,
     spec: &ShardSpec,
-) -> Held<B> {
+) -> (Held<B>, PeerInputs<B>) {
     let (rank, n) = (ctx.comm.rank, ctx.comm.world_size);
-    let x = x.get();
     let x_dims = x.shape().to_vec();
-    let outgoing = (0..n).map(|_| vec![x.clone()]).collect();
-    let xs = all_to_all(&ctx.comm, "linear.route_x", outgoing, |_| {
-        vec![x_dims.clone()]
+    let peer_x = kept.unwrap_or_else(|| {
+        let outgoing = (0..n).map(|_| vec![x.get()]).collect();
+        let Routed { bundles, charges } = all_to_all(&ctx.comm, "linear.route_x", outgoing, |_| {
+            vec![x_dims.clone()]
+        });
+        // From here the peers' inputs are activations the record holds, not buffers in flight.
+        drop(charges);
+        let inputs = bundles.into_iter().enumerate().map(|(p, mut bundle)| {
+            let x_p = bundle.remove(0);
+            (p != rank).then(|| Held::new(&ctx.comm.ledger, x_p, Category::Local))
+        });
+        Arc::new(inputs.collect())
     });
     let len = spec.range(rank).len;
     let (w, b) = (own[0].clone(), own.get(1).cloned());
-    let blocks: Vec<Vec<Float<B>>> = xs
-        .bundles
-        .into_iter()
-        .map(|mut bundle| {
-            let x_s = bundle.remove(0);
+    let blocks: Vec<Vec<Float<B>>> = (peer_x.iter())
+        .map(|kept| {
+            let x_s = kept.as_ref().map_or_else(|| x.get(), Held::get);
             let y = kernels::output_for_columns::<B>(&x_s, len);
             let shapes = [x_s.shape().to_vec(), w.shape().to_vec()];
             let block = kernels::forward_step::<B>(y, x_s, w.clone(), b.clone(), 0, None)
@@ -80,7 +96,6 @@ pub(super) fn forward<B: RotationKernels>(
             vec![block]
         })
         .collect();
-    drop(xs.charges);
     let blocks_charge = transient::<B>(&ctx.comm.ledger, &blocks.concat());
     let ys = all_to_all(&ctx.comm, "linear.route_y", blocks, |j| {
         vec![with_last(&x_dims, spec.range(j).len)]
@@ -89,7 +104,16 @@ pub(super) fn forward<B: RotationKernels>(
     drop(blocks_charge);
     let parts = ys.bundles.into_iter().map(|mut b| b.remove(0)).collect();
     let y = kernels::assemble_columns::<B>(parts, x_dims.len() - 1);
-    Held::new(&ctx.comm.ledger, y, Category::Local)
+    (Held::new(&ctx.comm.ledger, y, Category::Local), peer_x)
+}
+
+/// This rank's input to a routed backward that computes dW: `x`, and the peers' inputs when
+/// a routed forward left them here (then `x` does not travel again).
+pub(super) struct Input<B: burn::tensor::backend::Backend> {
+    /// This rank's `x`.
+    pub(super) x: Float<B>,
+    /// Every peer's `x`, on this rank as their shards' owner.
+    pub(super) peer_x: Option<PeerInputs<B>>,
 }
 
 /// A Linear's backward under activation routing, with the arguments and results of the ring
@@ -99,16 +123,26 @@ pub(super) fn backward_pass<B: RotationKernels>(
     ctx: &Arc<RankCtx<B>>,
     spec: &ShardSpec,
     weight: Option<Float<B>>,
-    x: Option<Float<B>>,
+    input: Option<Input<B>>,
     dy: &Held<B>,
     bias: Option<ShardSpec>,
 ) -> Grads<B> {
     let (rank, n) = (ctx.comm.rank, ctx.comm.world_size);
     let with_bias = bias.is_some();
+    let with_x = input.is_some();
     let dy = dy.get();
     let dy_dims = dy.shape().to_vec();
+    let (x, peer_x) = match input {
+        Some(Input { x, peer_x }) => (Some(x), peer_x),
+        None => (None, None),
+    };
+    // The peers' inputs kept here make `x` stay home; otherwise it travels with `dy`.
+    let (own_x, x) = match peer_x {
+        Some(_) => (x, None),
+        None => (None, x),
+    };
     let x_dims = x.as_ref().map(|x| x.shape().to_vec());
-    // To owner `j`: the columns `j` of `dy`, and `x` when dW is wanted.
+    // To owner `j`: the columns `j` of `dy`, and `x` when dW is wanted and `j` lacks it.
     let outgoing = (0..n)
         .map(|j| {
             let range = spec.range(j);
@@ -148,15 +182,18 @@ pub(super) fn backward_pass<B: RotationKernels>(
     // dW and db: each rank's contribution, added as it is made, in the ring pass's order (the
     // buffer of shard `j` starts on rank `j + 1` and ends at home), so that at most the sum
     // and one contribution live at a time.
-    let contribution = |bundle: &[Float<B>]| -> Vec<Float<B>> {
+    let contribution = |s: usize, bundle: &[Float<B>]| -> Vec<Float<B>> {
         let dy_s = bundle[0].clone();
-        match bundle.get(1) {
+        let kept = peer_x.as_ref().map(|peers| match &peers[s] {
+            Some(x_s) => x_s.get(),
+            None => own_x.clone().expect("this rank's own input"),
+        });
+        match bundle.get(1).cloned().or(kept) {
             Some(x_s) => {
-                let (dw, db) =
-                    kernels::weight_grad_step::<B>(x_s.clone(), dy_s, window, with_bias, None)
-                        .unwrap_or_else(|e| {
-                            refused(ctx, "linear.route_backward_weight", &shapes(bundle), e)
-                        });
+                let (dw, db) = kernels::weight_grad_step::<B>(x_s, dy_s, window, with_bias, None)
+                    .unwrap_or_else(|e| {
+                        refused(ctx, "linear.route_backward_weight", &shapes(bundle), e)
+                    });
                 std::iter::once(dw).chain(db).collect()
             }
             None if with_bias => vec![B::linear_bias_backward(dy_s)],
@@ -165,7 +202,8 @@ pub(super) fn backward_pass<B: RotationKernels>(
     };
     let mut own: Vec<Float<B>> = Vec::new();
     for t in 1..=n {
-        let mine = contribution(&incoming.bundles[(rank + t) % n]);
+        let s = (rank + t) % n;
+        let mine = contribution(s, &incoming.bundles[s]);
         let _mine = transient::<B>(&ctx.comm.ledger, &mine);
         own = if t == 1 {
             mine
@@ -201,7 +239,7 @@ pub(super) fn backward_pass<B: RotationKernels>(
         let g = mean_over_ranks(ctx, own.next().expect("one sum per gradient"));
         RtpTensor::new(ctx.clone(), g, Layout::Sharded(spec))
     };
-    let dw = x.is_some().then(|| shard(spec.clone()));
+    let dw = with_x.then(|| shard(spec.clone()));
     let db = bias.map(&mut shard);
     Grads { dx, dw, db }
 }

@@ -233,6 +233,9 @@ pub(crate) struct LinearPass {
     pub(crate) d_out: usize,
     /// `None` for the forward; for the backward, whether it computes dX and dW.
     pub(crate) backward: Option<(bool, bool)>,
+    /// Whether every owner already holds this rank's input, from a routed forward of the same
+    /// `x` (`backend::pairing`'s routed inputs): routing then sends no `x`.
+    pub(crate) x_on_owners: bool,
 }
 
 /// A parameter as the optimizer registers it: its identity, its shard and its layout.

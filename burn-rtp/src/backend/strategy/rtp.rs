@@ -53,19 +53,23 @@ const AUTO_MARGIN: f64 = 1.25;
 /// Elements one rank sends in `pass` over `world` ranks: `(rotating the weight, routing the
 /// activations)`. Rotation sends `(N-1)/N` of the weight per pass (and as much again for
 /// the travelling dW); routing sends `x` to `N - 1` owners and gets `(N-1)/N` of `y` back, in
-/// the backward `dy`'s columns out, `x` again for dW and the dX partials back.
+/// the backward `dy`'s columns out, `x` again for dW and the dX partials back. Where the
+/// owners kept `x` from a routed forward, no `x` goes out.
 pub(crate) fn elements_moved(pass: &LinearPass, world: usize) -> (f64, f64) {
     let n = world as f64;
     let (rows, d_in, d_out) = (pass.rows as f64, pass.d_in as f64, pass.d_out as f64);
     let share = (n - 1.0) / n;
     let weight = share * d_in * d_out;
     let x = (n - 1.0) * rows * d_in;
+    let x_out = if pass.x_on_owners { 0.0 } else { x };
     let y = share * rows * d_out;
+    let count = |b: bool| f64::from(u8::from(b));
     match pass.backward {
-        None => (weight, x + y),
+        None => (weight, x_out + y),
         Some((dx, dw)) => {
-            let rotate = weight * (f64::from(u8::from(dx)) + f64::from(u8::from(dw)));
-            let route = y + x * (f64::from(u8::from(dx)) + f64::from(u8::from(dw)));
+            let rotate = weight * (count(dx) + count(dw));
+            // dX's partials come back whole; dW needs `x` on the owners.
+            let route = y + x * count(dx) + x_out * count(dw);
             (rotate, route)
         }
     }

@@ -85,6 +85,7 @@ fn auto_routes_where_the_tokens_weigh_less_than_the_weights() {
             d_in,
             d_out,
             backward,
+            x_on_owners: false,
         };
         <rtp::RtpRank as RankStrategy<burn::backend::NdArray>>::routes_activations(&auto, &pass)
     };
@@ -95,6 +96,7 @@ fn auto_routes_where_the_tokens_weigh_less_than_the_weights() {
             d_in: 768,
             d_out: 3072,
             backward: None,
+            x_on_owners: false,
         },
         4,
     );
@@ -121,4 +123,16 @@ fn auto_routes_where_the_tokens_weigh_less_than_the_weights() {
     assert!(!routes(rows, d, d, None));
     // Only the bias's gradient: nothing rotates that routing could save.
     assert!(!routes(32, 768, 3072, Some((false, false))));
+    // Owners that kept `x` from the routed forward: dW and a repeated forward send no `x`.
+    let kept = |backward| LinearPass {
+        rows: 32,
+        d_in: 768,
+        d_out: 3072,
+        backward,
+        x_on_owners: true,
+    };
+    let (x, y) = (3.0 * 32.0 * 768.0, 0.75 * 32.0 * 3072.0);
+    assert_eq!(rtp::elements_moved(&kept(None), 4).1, y);
+    assert_eq!(rtp::elements_moved(&kept(Some((true, true))), 4).1, y + x);
+    assert_eq!(rtp::elements_moved(&kept(Some((false, true))), 4).1, y);
 }
