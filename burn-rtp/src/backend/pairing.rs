@@ -16,7 +16,10 @@
 //!   every peer's `x` it received ([`PeerInputs`]), so that the backward computes dW from
 //!   them and no `x` travels twice. Linears fed the same `x` (attention's query, key and
 //!   value) share one copy: the later forwards find it by `x`'s identity and send nothing.
-//!   They are released with the record's own `x`. Every rank runs the same graph, so every
+//!   They are released with the record's own `x`, and only the newest record of a weight
+//!   keeps them (an evaluation forward on an input the caller keeps holds them until that
+//!   weight's next forward at most). Where they are gone (released under activation
+//!   checkpointing, or dropped), the backward sends `x` again. Every rank runs the same graph, so every
 //!   rank keeps (or releases) its peers' inputs at the same points, and each knows without
 //!   asking whether its owners still hold its `x`.
 //! * **Released inputs.** Once nothing but records holds a record's `x`, the record lets it
@@ -259,6 +262,15 @@ impl<B: Backend> Pairing<B> {
     pub fn record(&mut self, forward: Forward<B>) {
         self.release_inputs();
         self.forwards.retain(Forward::weight_alive);
+        // Only the newest record of a weight keeps its peers' inputs: a forward whose
+        // backward never comes (evaluation on inputs the caller keeps) must not hold `N - 1`
+        // copies of its input for as long as the caller holds it. An older use's backward
+        // sends its `x` again; every rank drops the same ones.
+        for f in self.forwards.iter_mut() {
+            if same(&f.weight, &forward.weight) {
+                f.peer_x = None;
+            }
+        }
         // Of the released records of one weight, the newest stays (one pass, newest first:
         // a model's records number six or so a block, and this runs at every Linear).
         let mut seen = HashSet::new();

@@ -172,6 +172,11 @@ impl<B: Backend> RankCtx<B> {
         self.strategy.routes_activations(pass)
     }
 
+    /// Whether some Linear pass may route its activations on this rank.
+    pub(crate) fn may_route(&self) -> bool {
+        self.strategy.may_route()
+    }
+
     /// What the strategy started ahead of need and what was taken, `(started, taken)`, if
     /// this rank runs `strategy`; else none.
     pub(crate) fn ahead_of(&self, strategy: crate::config::Strategy) -> (u64, u64) {

@@ -73,8 +73,9 @@ pub enum Routing {
     /// Each rank's activations go to every shard's owner, which computes that shard's columns
     /// for every rank and sends them back; no weight leaves its owner. The owner keeps the
     /// inputs it received until the backward, which computes dW from them: each input
-    /// travels once per step (Linears fed the same input share it), and an owner holds
-    /// `N - 1` peers' inputs beside its own as activations. Every rank must pass a Linear the
+    /// travels once per step (Linears fed the same input share it; an input that activation
+    /// checkpointing released travels again), and an owner holds `N - 1` peers' inputs
+    /// beside its own as activations, which the memory planner does not model. Every rank must pass a Linear the
     /// same number of rows (a difference is `RtpError::Desync`).
     Activations,
     /// Per Linear and per pass, whichever of the two sends fewer elements (the counts above

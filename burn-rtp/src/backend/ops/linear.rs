@@ -235,7 +235,11 @@ fn rotated_forward<B: RotationKernels>(
     };
     let with_bias = bundle.len() == 2;
     let (x_id, weight_id) = ids;
-    let kept = ctx.linear.pairing.lock().unwrap().peer_x_of(&x_id);
+    let kept = if ctx.may_route() {
+        ctx.linear.pairing.lock().unwrap().peer_x_of(&x_id)
+    } else {
+        None
+    };
     let pass = LinearPass {
         rows: x.shape().num_elements() / d_in.max(1),
         d_in,

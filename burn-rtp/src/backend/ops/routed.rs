@@ -6,7 +6,7 @@
 //!   and sends each rank its block back (a second all-to-all); each rank joins the blocks in
 //!   column order.
 //! * **Backward.** Each rank sends owner `j` the columns `j` of its `dy` (and its `x`, when
-//!   dW is wanted). The owner computes every rank's `x_rᵀ dy_r[:, j]` and sums them in the
+//!   dW is wanted and the owner no longer holds it from the forward). The owner computes every rank's `x_rᵀ dy_r[:, j]` and sums them in the
 //!   order the ring pass sums the travelling gradient (from rank `j + 1` round to `j`), so
 //!   dW and db are the rotation's to the bit. It also computes every rank's partial
 //!   `dy_r[:, j] W_jᵀ` and sends it back, where each rank adds the partials in the order
@@ -19,7 +19,7 @@
 //!
 //! The owner keeps the peers' inputs the forward sent it, in the forward's record
 //! (`backend::pairing`), so the backward computes dW from them and `x` travels once per
-//! step; a Linear fed the same `x` as one routed before it (attention's query, key and value)
+//! step (twice where activation checkpointing released it before the backward); a Linear fed the same `x` as one routed before it (attention's query, key and value)
 //! sends none. Those inputs are activations on the owner: `N - 1` peers' `x` for each routed
 //! input, released with the rank's own.
 //!

@@ -215,6 +215,12 @@ pub(crate) trait RankStrategy<B: Backend>: Send + Sync {
         false
     }
 
+    /// Whether some pass may route its activations: if not, a forward need not look for the
+    /// peers' inputs an earlier routed forward left.
+    fn may_route(&self) -> bool {
+        false
+    }
+
     /// Jobs started ahead so far, and results taken: `(started, taken)`.
     fn ahead(&self) -> (u64, u64) {
         (0, 0)

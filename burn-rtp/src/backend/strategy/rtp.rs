@@ -88,6 +88,10 @@ impl<B: Backend> RankStrategy<B> for RtpRank {
         &Rtp
     }
 
+    fn may_route(&self) -> bool {
+        self.routing != Routing::Weights
+    }
+
     fn routes_activations(&self, pass: &LinearPass) -> bool {
         match self.routing {
             Routing::Weights => false,
