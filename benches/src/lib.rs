@@ -5,6 +5,7 @@
 pub mod backend_figures;
 pub mod burn_ddp;
 pub mod checkpointing;
+pub mod decode;
 pub mod figures;
 pub mod mpi_backends;
 pub mod mpi_report;

@@ -5,6 +5,7 @@
 
 pub mod checkpoint;
 pub mod data;
+pub mod generate;
 #[cfg(feature = "learner")]
 pub mod learner_steps;
 pub mod model;
@@ -18,7 +19,8 @@ pub mod trainer;
 pub use burn_rtp::Strategy;
 pub use checkpoint::{consolidate_checkpoint, CheckpointError, Manifest};
 pub use data::{Corpus, DataError};
-pub use model::{Gpt, GptConfig};
+pub use generate::{generate, Decoder, Sampler};
+pub use model::{Gpt, GptCache, GptConfig};
 pub use report::{PeakBytes, Report};
 pub use schedule::{LrSchedule, Schedule};
 pub use signals::stop_on_signals;

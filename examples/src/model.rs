@@ -6,7 +6,8 @@ use burn::module::Module;
 use burn::nn::attention::generate_autoregressive_mask;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::nn::transformer::{
-    TransformerEncoder, TransformerEncoderConfig, TransformerEncoderInput,
+    TransformerEncoder, TransformerEncoderAutoregressiveCache, TransformerEncoderConfig,
+    TransformerEncoderInput,
 };
 use burn::nn::{Embedding, EmbeddingConfig, LayerNorm, LayerNormConfig, Linear, LinearConfig};
 use burn::tensor::backend::Backend;
@@ -78,25 +79,106 @@ pub struct Gpt<B: Backend> {
     head: Option<Linear<B>>,
 }
 
+/// What a decode keeps between tokens: each block's cache (Burn's autoregressive cache, which
+/// computes a block's Linears, norms and feed-forward for the newest position only) and the
+/// embedded positions so far.
+pub struct GptCache<B: Backend> {
+    blocks: TransformerEncoderAutoregressiveCache<B>,
+    x: Option<Tensor<B, 3>>,
+    len: usize,
+}
+
+impl<B: Backend> GptCache<B> {
+    /// Positions the cache holds.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it holds no position yet.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
 impl<B: Backend> Gpt<B> {
-    /// Next-byte logits `[batch, seq, vocab]` for `tokens` `[batch, seq]`.
-    pub fn logits(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {
+    /// Token plus position embeddings of `tokens` `[batch, n]` at positions `start..start+n`.
+    fn embed(&self, tokens: Tensor<B, 2, Int>, start: usize) -> Tensor<B, 3> {
         let device = tokens.device();
-        let [batch, seq] = tokens.dims();
-        let positions = Tensor::<B, 1, Int>::arange(0..seq as i64, &device)
-            .reshape([1, seq])
+        let [batch, n] = tokens.dims();
+        let positions = Tensor::<B, 1, Int>::arange(start as i64..(start + n) as i64, &device)
+            .reshape([1, n])
             .repeat_dim(0, batch);
-        let x = self.tok.forward(tokens) + self.pos.forward(positions);
-        let mask = generate_autoregressive_mask::<B>(batch, seq, &device);
-        let h = self
-            .blocks
-            .forward(TransformerEncoderInput::new(x).mask_attn(mask));
+        self.tok.forward(tokens) + self.pos.forward(positions)
+    }
+
+    /// The final norm and the LM head.
+    fn head(&self, h: Tensor<B, 3>) -> Tensor<B, 3> {
         let h = self.norm.forward(h);
         match &self.head {
             Some(head) => head.forward(h),
             // Tied: logits = h Eᵀ with the token embedding E [vocab, d_model].
             None => burn::tensor::module::linear(h, self.tok.weight.val().transpose(), None),
         }
+    }
+
+    /// Next-byte logits `[batch, seq, vocab]` for `tokens` `[batch, seq]`.
+    pub fn logits(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {
+        let device = tokens.device();
+        let [batch, seq] = tokens.dims();
+        let x = self.embed(tokens, 0);
+        let mask = generate_autoregressive_mask::<B>(batch, seq, &device);
+        let h = self
+            .blocks
+            .forward(TransformerEncoderInput::new(x).mask_attn(mask));
+        self.head(h)
+    }
+
+    /// An empty decode cache.
+    pub fn new_cache(&self) -> GptCache<B> {
+        GptCache {
+            blocks: self.blocks.new_autoregressive_cache(),
+            x: None,
+            len: 0,
+        }
+    }
+
+    /// Next-byte logits `[batch, vocab]` after `tokens` `[batch, n]`, the tokens that follow
+    /// those `cache` holds, which it then holds too. An empty cache takes a whole prompt in
+    /// one pass; after that, one token a call (Burn's block cache computes the newest
+    /// position only). The caller keeps the positions within the model's context.
+    ///
+    /// # Panics
+    /// If a non-empty cache is given more than one token.
+    pub fn logits_cached(
+        &self,
+        tokens: Tensor<B, 2, Int>,
+        cache: &mut GptCache<B>,
+    ) -> Tensor<B, 2> {
+        let [batch, n] = tokens.dims();
+        assert!(
+            cache.is_empty() || n == 1,
+            "logits_cached: a cache holding {} positions takes one token a call, got {n}",
+            cache.len
+        );
+        let device = tokens.device();
+        let x_new = self.embed(tokens, cache.len);
+        let x = match cache.x.take() {
+            Some(x) => Tensor::cat(vec![x, x_new], 1),
+            None => x_new,
+        };
+        let total = cache.len + n;
+        let mask = generate_autoregressive_mask::<B>(batch, total, &device);
+        let h = self.blocks.forward_autoregressive_inference(
+            TransformerEncoderInput::new(x.clone()).mask_attn(mask),
+            &mut cache.blocks,
+        );
+        cache.x = Some(x);
+        cache.len = total;
+        let d_model = h.dims()[2];
+        let last = h.slice([0..batch, total - 1..total, 0..d_model]);
+        let logits = self.head(last);
+        let vocab = logits.dims()[2];
+        logits.reshape([batch, vocab])
     }
 
     /// Mean cross-entropy (nats per byte) of predicting `targets` from `tokens`.

@@ -120,6 +120,11 @@ struct Cli {
     /// the report already in `--out`, with its figures.
     #[arg(long)]
     activations_only: bool,
+    /// Only measure the generation section (batch 1 through a KV cache at config B's shape:
+    /// single device, and RTP at N = 4 rotating and `Auto`, in-process) and add it to the
+    /// report already in `--out`, with its figure.
+    #[arg(long)]
+    decode_only: bool,
     /// With `--transport mpi`: measure DDP, FSDP and RTP over a cluster of network namespaces
     /// (one rank per host, Open MPI over TCP, links shaped to a ladder of rates) instead, and
     /// write that report to `--out` (needs root and iproute2).
@@ -305,6 +310,45 @@ fn activations_only(
         }
         Err(e) => {
             eprintln!("error: activation section: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Measures the generation section and adds it, with its figure, to the in-process report
+/// in `out`.
+fn decode_only(out: &Path, tiny: bool) -> ExitCode {
+    use burn_rtp_benches::decode;
+    let settings = if tiny {
+        decode::Settings::tiny()
+    } else {
+        decode::Settings::full()
+    };
+    let started = Instant::now();
+    let log = stamped_log(started);
+    let added = decode::run(&settings, &log).and_then(|v| {
+        runner::add_section(
+            out,
+            decode::HEADING,
+            &decode::markdown(&settings, &v),
+            decode::KEY,
+            &v,
+        )?;
+        let figures = decode::figures(&v);
+        runner::add_figures(out, &figures, burn_rtp_benches::figures::IN_PROCESS)?;
+        Ok(figures)
+    });
+    match added {
+        Ok(figures) => {
+            println!(
+                "added the generation section to {} in {:.0} s: {figures}",
+                out.display(),
+                started.elapsed().as_secs_f64()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: generation section: {e}");
             ExitCode::FAILURE
         }
     }
@@ -565,6 +609,9 @@ fn report(cli: &Cli) -> ExitCode {
         return main_mpi(cli);
     }
     let cfg = in_process_config(cli);
+    if cli.decode_only {
+        return decode_only(&cfg.out, cli.tiny);
+    }
     if cli.activations_only {
         let settings = cfg.activations.clone();
         return activations_only(&cfg.out, |log| {

@@ -79,6 +79,11 @@ pub const IN_PROCESS: &[Figure] = &[
         "memory planner under balanced checkpointing: largest relative error over its grid",
         Bound::AtMost(0.10),
     ),
+    fig(
+        "decode_rtp_auto_over_single_sequence_b_n4",
+        "generation, batch 1 with a KV cache, one sequence's bytes/s: RTP Auto N=4 / single device, config B's shape",
+        Bound::AtLeast(0.5),
+    ),
 ];
 
 /// The MPI report's figures against PyTorch, present when it ran with `--pytorch`.

@@ -42,6 +42,12 @@ pub(super) fn headline(m: &Measured) -> Map<String, Value> {
     for (key, value) in m.activations.figures().as_object().expect("an object") {
         headline[key] = value.clone();
     }
+    for (key, value) in crate::decode::figures(&m.decode)
+        .as_object()
+        .expect("an object")
+    {
+        headline[key] = value.clone();
+    }
     for c in &m.comparisons {
         if c.strategy == "rtp-oop" {
             headline[format!("rtp_over_ddp_step_time_{}_n{}", c.model, c.ranks)] =
@@ -88,5 +94,6 @@ pub(super) fn details(cfg: &ReportConfig, m: &Measured) -> Result<Map<String, Va
         "activation_checkpointing".into(),
         serde_json::to_value(&m.activations)?,
     );
+    obj.insert(crate::decode::KEY.into(), m.decode.clone());
     Ok(obj)
 }

@@ -314,6 +314,8 @@ pub(super) fn measure(cfg: &ReportConfig, log: &dyn Fn(&str)) -> Result<Measured
         crate::planner_check::run(&cfg.planner_grid, ActivationCheckpointing::None, log)?;
     log("activations: RTP with and without balanced activation checkpointing");
     let activations = crate::checkpointing::run(&cfg.activations, log)?;
+    log("generation: batch 1 through a KV cache");
+    let decode = crate::decode::run(&cfg.decode, log)?;
     log("exchanges of one Linear backward at N=4");
     let syncs_linear_n4 = syncs_per_linear_backward(4)?;
     log("capacity search under the memory cap");
@@ -344,6 +346,7 @@ pub(super) fn measure(cfg: &ReportConfig, log: &dyn Fn(&str)) -> Result<Measured
         thresholds,
         planner_rows,
         activations,
+        decode,
         syncs_linear_n4,
         capacity: capacity_rows,
     })
@@ -367,6 +370,8 @@ pub struct Measured {
     pub(super) planner_rows: Vec<crate::planner_check::PlanRow>,
     /// The activation section.
     pub(super) activations: crate::checkpointing::Section,
+    /// The generation section (`crate::decode`).
+    pub(super) decode: serde_json::Value,
     /// Exchanges of one Linear backward at N = 4.
     pub(super) syncs_linear_n4: f64,
     /// The largest model each strategy trains under the cap.

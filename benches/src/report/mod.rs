@@ -41,6 +41,8 @@ pub struct ReportConfig {
     pub planner_grid: Vec<crate::planner_check::PlanPoint>,
     /// The activation section: RTP with and without activation checkpointing.
     pub activations: crate::checkpointing::Settings,
+    /// The generation section: batch 1 through a KV cache.
+    pub decode: crate::decode::Settings,
 }
 
 /// A model whose RTP, FSDP and DDP step times (and exchanges per step) are compared.
@@ -97,6 +99,7 @@ impl ReportConfig {
             thresholds: vec![0, 4096, 16384, 65536, 262144],
             planner_grid: crate::planner_check::full_grid(),
             activations: crate::checkpointing::Settings::full(),
+            decode: crate::decode::Settings::full(),
         }
     }
 
@@ -128,6 +131,7 @@ impl ReportConfig {
             thresholds: vec![0, 1024],
             planner_grid: crate::planner_check::tiny_grid(),
             activations: crate::checkpointing::Settings::tiny(),
+            decode: crate::decode::Settings::tiny(),
         }
     }
 }

@@ -2,9 +2,9 @@
 
 use super::TrainConfig;
 use crate::data::{Corpus, Windows};
+use crate::generate::{generate, Sampler};
 use crate::model::Gpt;
-use burn::tensor::activation::softmax;
-use burn::tensor::{ElementConversion, Int, Tensor, TensorData};
+use burn::tensor::ElementConversion;
 use burn_rtp::RotationKernels;
 use burn_rtp::{Rtp, RtpDevice};
 
@@ -28,7 +28,8 @@ pub(super) fn evaluate<I: RotationKernels>(
     device.all_reduce_mean(sum / cfg.eval_batches as f32)
 }
 
-/// Generates `n` bytes after `prompt`, sampling at temperature 0.8 with a seeded generator.
+/// Generates `n` bytes after `prompt` through a KV cache (`crate::generate`), sampling at
+/// temperature 0.8 with a seeded generator.
 pub(super) fn sample<I: RotationKernels>(
     model: &Gpt<Rtp<I>>,
     device: &RtpDevice<I>,
@@ -37,34 +38,7 @@ pub(super) fn sample<I: RotationKernels>(
     seq: usize,
     seed: u64,
 ) -> String {
-    let mut bytes: Vec<u8> = prompt.bytes().collect();
-    let mut state = seed | 1;
-    for _ in 0..n {
-        let start = bytes.len().saturating_sub(seq);
-        let window: Vec<i64> = bytes[start..].iter().map(|&b| i64::from(b)).collect();
-        let len = window.len();
-        let tokens = Tensor::<Rtp<I>, 2, Int>::from_data(TensorData::new(window, [1, len]), device);
-        let logits = model.logits(tokens);
-        let vocab = logits.dims()[2];
-        let last = logits.slice([0..1, len - 1..len]).reshape([vocab]);
-        let probs = softmax(last / 0.8, 0)
-            .into_data()
-            .convert::<f32>()
-            .to_vec::<f32>()
-            .unwrap();
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        let mut u = (state >> 11) as f32 / (1u64 << 53) as f32;
-        let mut choice = vocab - 1;
-        for (i, p) in probs.iter().enumerate() {
-            if u < *p {
-                choice = i;
-                break;
-            }
-            u -= p;
-        }
-        bytes.push(choice as u8);
-    }
+    let mut sampler = Sampler::new(seed, 0.8);
+    let bytes = generate(model, device, prompt.as_bytes(), n, seq, &mut sampler);
     String::from_utf8_lossy(&bytes).into_owned()
 }
