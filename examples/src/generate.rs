@@ -1,7 +1,8 @@
 //! Byte generation with a KV cache: the prompt fills the cache in one pass, then each new
-//! byte is one position through every block. Under `Rtp` with `Routing::Auto` a decode step
-//! has one row per rank, so every Linear routes its activations to the shards' owners and no
-//! weight moves per token.
+//! byte runs every block's Linears, norms and feed-forward on its own position only (the
+//! attention still scores it against every cached position). Under `Rtp` with
+//! `Routing::Auto` a decode step has one row per rank, so every Linear routes its activations
+//! to the shards' owners and no Linear weight moves per token (the embeddings still rotate).
 //!
 //! The model's context is fixed (its position embedding): when the cache is full, the newest
 //! half of the window is kept and fills a fresh cache, so a long generation re-reads half a
@@ -140,7 +141,7 @@ impl<'m, B: Backend> Decoder<'m, B> {
 }
 
 /// Generates `n` bytes after `prompt` with `sampler`, through a KV cache of `context`
-/// positions; returns the prompt and the bytes generated.
+/// positions; returns the prompt (a newline if it was empty) and the bytes generated.
 pub fn generate<B: Backend>(
     model: &Gpt<B>,
     device: &B::Device,
@@ -150,6 +151,13 @@ pub fn generate<B: Backend>(
     sampler: &mut Sampler,
 ) -> Vec<u8> {
     let mut decoder = Decoder::new(model, context, device);
+    if n == 0 {
+        return if prompt.is_empty() {
+            b"\n".to_vec()
+        } else {
+            prompt.to_vec()
+        };
+    }
     let mut logits = decoder.start(prompt);
     for i in 0..n {
         let byte = sampler.pick(logits) as u8;

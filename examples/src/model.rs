@@ -148,7 +148,8 @@ impl<B: Backend> Gpt<B> {
     /// position only). The caller keeps the positions within the model's context.
     ///
     /// # Panics
-    /// If a non-empty cache is given more than one token.
+    /// If a non-empty cache is given more than one token, or the positions would pass the
+    /// model's context.
     pub fn logits_cached(
         &self,
         tokens: Tensor<B, 2, Int>,
@@ -158,6 +159,12 @@ impl<B: Backend> Gpt<B> {
         assert!(
             cache.is_empty() || n == 1,
             "logits_cached: a cache holding {} positions takes one token a call, got {n}",
+            cache.len
+        );
+        let context = self.pos.weight.dims()[0];
+        assert!(
+            cache.len + n <= context,
+            "logits_cached: {} cached positions and {n} new ones pass the context of {context}",
             cache.len
         );
         let device = tokens.device();

@@ -22,7 +22,8 @@ fn tokens(bytes: &[u8]) -> Tensor<NdArray, 2, Int> {
 
 /// Each step's cached logits equal the last position of a full forward over the window the
 /// cache holds, within 1e-5 (the cached pass multiplies one row where the full one multiplies
-/// the window, so the GEMMs may round differently), through several refills.
+/// the window, so the GEMMs may round differently), from a prompt longer than the context
+/// and through a refill every half context.
 #[test]
 fn cached_logits_match_the_full_forward_across_refills() {
     let device = Default::default();
@@ -30,7 +31,9 @@ fn cached_logits_match_the_full_forward_across_refills() {
     let model = cfg.init::<NdArray>(&device);
     let mut decoder = Decoder::new(&model, cfg.seq, &device);
     let mut sampler = Sampler::new(5, 1.0);
-    let mut logits = decoder.start(b"hi");
+    // A prompt longer than the context: its last 8 bytes fill the cache.
+    let mut logits = decoder.start(b"a prompt longer than the context");
+    assert_eq!(decoder.window(), b" context");
     for step in 0..40 {
         let window = decoder.window().to_vec();
         let n = window.len();
@@ -45,10 +48,18 @@ fn cached_logits_match_the_full_forward_across_refills() {
         let byte = sampler.pick(logits) as u8;
         logits = decoder.push(byte);
     }
-    assert!(
-        decoder.refills() >= 8,
-        "40 bytes in a context of 8 should refill often, refilled {}",
-        decoder.refills()
+    // The prompt's pass, then a refill whenever the cache is full: at the first byte, then
+    // every 5th (a refill holds the newest 4 bytes; 4 more fill the context of 8).
+    assert_eq!(decoder.refills(), 1 + 8, "passes that filled the cache");
+    // An empty prompt starts from a newline; no byte asked, no pass made.
+    let mut sampler = Sampler::new(5, 1.0);
+    assert_eq!(
+        generate(&model, &device, b"", 0, cfg.seq, &mut sampler),
+        b"\n"
+    );
+    assert_eq!(
+        generate(&model, &device, b"", 3, cfg.seq, &mut sampler).len(),
+        4
     );
 }
 
@@ -104,7 +115,7 @@ fn rtp_generates_the_single_device_bytes() {
             let [weights, activations, auto] = bytes_moved[..] else {
                 unreachable!()
             };
-            // Auto rotates the refills' passes that are too wide to route (eight rows of a
+            // Auto rotates the refills' passes that are too wide to route (four rows of a
             // Linear 20 wide), and routes every one-row decode step. The embeddings rotate
             // either way (in this tiny model, most of what routing still sends).
             assert!(

@@ -94,8 +94,9 @@ fn child_nccl_on_ndarray() {
     }
 }
 
-/// Every strategy at N = 2, 3, 4 processes (and RTP with its activations routed) trains like
-/// single-device Burn (1e-5 relative), and like the same strategy in-process, bit for bit.
+/// Every strategy at N = 2, 3, 4 processes (and RTP with its activations routed, and choosing
+/// per pass) trains like single-device Burn (1e-5 relative), and like the same strategy
+/// in-process, bit for bit.
 #[test]
 fn mpi_training_matches_single_device_and_in_process() {
     let dir = temp_dir("equivalence");
@@ -105,6 +106,7 @@ fn mpi_training_matches_single_device_and_in_process() {
         (Strategy::Rtp, RotationMode::OutOfPlace, weights),
         (Strategy::Rtp, RotationMode::InPlace, weights),
         (Strategy::Rtp, RotationMode::OutOfPlace, activations),
+        (Strategy::Rtp, RotationMode::OutOfPlace, Routing::Auto),
         (Strategy::Fsdp, RotationMode::OutOfPlace, weights),
         (Strategy::Ddp, RotationMode::OutOfPlace, weights),
     ];

@@ -31,7 +31,7 @@ fn mean(v: &[f64]) -> f64 {
 
 impl Sample {
     /// Adds one job's result.
-    fn add(&mut self, r: &JobResult) {
+    pub(super) fn add(&mut self, r: &JobResult) {
         self.step_ms.push(median(&r.step_s) * 1e3);
         let hidden: Vec<f64> = r.overlap.iter().flatten().copied().collect();
         if !hidden.is_empty() {
@@ -137,6 +137,30 @@ impl Measured {
     }
 }
 
+/// The job of `variant` on `config` with the report's warm-up and timed steps, its result
+/// written to `out`.
+pub(super) fn net_job(
+    cfg: &NetReportConfig,
+    config: &crate::mpi_report::Config,
+    variant: Variant,
+    out: std::path::PathBuf,
+) -> Job {
+    Job {
+        variant,
+        model: config.model.clone(),
+        batch_per_rank: config.batch_per_rank,
+        warmup: cfg.warmup,
+        steps: cfg.steps,
+        out,
+        mpi_progress: MpiProgress::Auto,
+        timeline: None,
+        activation_checkpointing: ActivationCheckpointing::None,
+        backend: InnerBackend::Ndarray,
+        threads: None,
+        fused_activations: true,
+    }
+}
+
 /// Probes every link, then runs every cell's jobs on each of its links and the unshaped one;
 /// `exe` is the `scaling-report` binary, which the cluster's mpirun starts as the workers.
 pub(super) fn measure(
@@ -170,20 +194,7 @@ pub(super) fn measure(
                 let mut order = STRATEGIES;
                 order.rotate_left(repeat % STRATEGIES.len());
                 for variant in order {
-                    let job = Job {
-                        variant,
-                        model: cell.config.model.clone(),
-                        batch_per_rank: cell.config.batch_per_rank,
-                        warmup: cfg.warmup,
-                        steps: cfg.steps,
-                        out: scratch.join("net-job.json"),
-                        mpi_progress: MpiProgress::Auto,
-                        timeline: None,
-                        activation_checkpointing: ActivationCheckpointing::None,
-                        backend: InnerBackend::Ndarray,
-                        threads: None,
-                        fused_activations: true,
-                    };
+                    let job = net_job(cfg, &cell.config, variant, scratch.join("net-job.json"));
                     let what = format!(
                         "{} on config {} over {} host(s) at {}",
                         variant.name(),

@@ -11,6 +11,7 @@ mod markdown;
 mod measure;
 mod plot;
 mod probe;
+pub mod routing;
 
 pub use measure::Measured;
 #[cfg(feature = "mpi")]
