@@ -13,15 +13,15 @@
 //!   the bias, and, where the weight rotates, `x` itself (autodiff keeps it alive for the
 //!   backward anyway).
 //! * **Routed inputs.** A forward that routed its activations (`Routing`) leaves on each owner
-//!   every peer's `x` it received ([`PeerInputs`]), so that the backward computes dW from
-//!   them and no `x` travels twice. Linears fed the same `x` (attention's query, key and
-//!   value) share one copy: the later forwards find it by `x`'s identity and send nothing.
-//!   They are released with the record's own `x`, and only the newest record of a weight
-//!   keeps them (an evaluation forward on an input the caller keeps holds them until that
-//!   weight's next forward at most). Where they are gone (released under activation
-//!   checkpointing, or dropped), the backward sends `x` again. Every rank runs the same graph, so every
-//!   rank keeps (or releases) its peers' inputs at the same points, and each knows without
-//!   asking whether its owners still hold its `x`.
+//!   every peer's `x` it received ([`PeerInputs`]), so that the backward computes dW from them
+//!   and no `x` travels twice. Linears fed the same `x` (attention's query, key and value)
+//!   share one copy: the later forwards find it by `x`'s identity and send nothing. They are
+//!   released with the record's own `x`, and only the newest record of a weight keeps them (an
+//!   evaluation forward on an input the caller keeps holds them until that weight's next
+//!   forward at most). Where they are gone (released under activation checkpointing, or
+//!   dropped), the backward sends `x` again. Every rank runs the same graph, so every rank
+//!   keeps (or releases) its peers' inputs at the same points, and each knows without asking
+//!   whether its owners still hold its `x`.
 //! * **Released inputs.** Once nothing but records holds a record's `x`, the record lets it
 //!   go and keeps only the layouts: under activation checkpointing
 //!   (`Autodiff<_, BalancedCheckpointing>`) autodiff drops a memory-bound `x` after the

@@ -75,8 +75,8 @@ pub enum Routing {
     /// inputs it received until the backward, which computes dW from them: each input
     /// travels once per step (Linears fed the same input share it; an input that activation
     /// checkpointing released travels again), and an owner holds `N - 1` peers' inputs
-    /// beside its own as activations, which the memory planner does not model. Every rank must pass a Linear the
-    /// same number of rows (a difference is `RtpError::Desync`).
+    /// beside its own as activations, which the memory planner does not model. Every rank
+    /// must pass a Linear the same number of rows (a difference is `RtpError::Desync`).
     Activations,
     /// Per Linear and per pass, whichever of the two sends fewer elements (the counts above
     /// for the forward, without `x` where the owners have it already; in the backward,

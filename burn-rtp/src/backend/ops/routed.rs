@@ -5,23 +5,25 @@
 //!   computes its shard's columns of every rank's `y` with the same step kernel rotation uses,
 //!   and sends each rank its block back (a second all-to-all); each rank joins the blocks in
 //!   column order.
-//! * **Backward.** Each rank sends owner `j` the columns `j` of its `dy` (and its `x`, when
-//!   dW is wanted and the owner no longer holds it from the forward). The owner computes every rank's `x_rᵀ dy_r[:, j]` and sums them in the
-//!   order the ring pass sums the travelling gradient (from rank `j + 1` round to `j`), so
-//!   dW and db are the rotation's to the bit. It also computes every rank's partial
-//!   `dy_r[:, j] W_jᵀ` and sends it back, where each rank adds the partials in the order
-//!   rotation accumulates them (its own shard first, then `j - 1`, `j - 2`, ...). Rotation's
-//!   step adds its product to the accumulator inside the GEMM; where the GEMM sums a shard's
-//!   columns in one block, that is the same addition, and the two modes give the same bits
-//!   (`tests/routing.rs`, on NdArray at N = 2, 3, 4, 8). Where a shard is wider than the
-//!   GEMM's block of the sum, the accumulator joins the first block's partial sum, and dX may
-//!   differ from rotation's in the last places (within the equivalence suite's bound).
+//! * **Backward.** Each rank sends owner `j` the columns `j` of its `dy` (and its `x`, when dW
+//!   is wanted and the owner no longer holds it from the forward). The owner computes every
+//!   rank's `x_rᵀ dy_r[:, j]` and sums them in the order the ring pass sums the travelling
+//!   gradient (from rank `j + 1` round to `j`), so dW and db are the rotation's to the bit. It
+//!   also computes every rank's partial `dy_r[:, j] W_jᵀ` and sends it back, where each rank
+//!   adds the partials in the order rotation accumulates them (its own shard first, then
+//!   `j - 1`, `j - 2`, ...). Rotation's step adds its product to the accumulator inside the GEMM;
+//!   where the GEMM sums a shard's columns in one block, that is the same addition, and the two
+//!   modes give the same bits (`tests/routing.rs`, on NdArray at N = 2, 3, 4, 8). Where a shard
+//!   is wider than the GEMM's block of the sum, the accumulator joins the first block's partial
+//!   sum, and dX may differ from rotation's in the last places (within the equivalence suite's
+//!   bound).
 //!
 //! The owner keeps the peers' inputs the forward sent it, in the forward's record
-//! (`backend::pairing`), so the backward computes dW from them and `x` travels once per
-//! step (twice where activation checkpointing released it before the backward); a Linear fed the same `x` as one routed before it (attention's query, key and value)
-//! sends none. Those inputs are activations on the owner: `N - 1` peers' `x` for each routed
-//! input, released with the rank's own.
+//! (`backend::pairing`), so the backward computes dW from them and `x` travels once per step
+//! (twice where activation checkpointing released it before the backward); a Linear fed the
+//! same `x` as one routed before it (attention's query, key and value) sends none. Those inputs
+//! are activations on the owner: `N - 1` peers' `x` for each routed input, released with the
+//! rank's own.
 //!
 //! Every rank must pass the Linear the same number of rows: each rank expects its peers'
 //! blocks to have its own shape, and a difference is `RtpError::Desync` naming both.
@@ -190,10 +192,10 @@ pub(super) fn backward_pass<B: RotationKernels>(
         });
         match bundle.get(1).cloned().or(kept) {
             Some(x_s) => {
+                // The kept `x` is not in the bundle: name both operands.
+                let operands = [x_s.shape().to_vec(), dy_s.shape().to_vec()];
                 let (dw, db) = kernels::weight_grad_step::<B>(x_s, dy_s, window, with_bias, None)
-                    .unwrap_or_else(|e| {
-                        refused(ctx, "linear.route_backward_weight", &shapes(bundle), e)
-                    });
+                    .unwrap_or_else(|e| refused(ctx, "linear.route_backward_weight", &operands, e));
                 std::iter::once(dw).chain(db).collect()
             }
             None if with_bias => vec![B::linear_bias_backward(dy_s)],
