@@ -63,7 +63,9 @@ fn routing_synchronises_less_than_rotation_beyond_three_ranks() {
 /// (`fc1` 36 -> 100, `fc2` 100 -> 67; the input is data, so `fc1` has no dX): per step, each
 /// forward sends `x` to the `N - 1` owners and this rank's columns of their `y` back; each
 /// backward sends `dy`'s columns to their owners and the dX partials back, and no `x`: the
-/// owners kept it from the forward. The run ends by gathering the parameters.
+/// owners kept it from the forward. Before each forward the ranks agree their input shapes
+/// (two dimensions, as floats, to each peer); the backward reads the forward's agreement.
+/// The run ends by gathering the parameters.
 #[test]
 fn routed_steps_send_each_input_once() {
     for n in [3, 4] {
@@ -76,7 +78,8 @@ fn routed_steps_send_each_input_once() {
             let forward = (n - 1) * rows * (d_in + l1) + (n - 1) * rows * (d_ff + l2);
             let backward = rows * (d_out - l2) + (n - 1) * rows * d_ff + rows * (d_ff - l1);
             let gather = (n - 1) * (d_in * l1 + l1 + d_ff * l2 + l2);
-            let elements = STEPS * (forward + backward) + gather;
+            let agree = 2 * 2 * (n - 1);
+            let elements = STEPS * (forward + backward + agree) + gather;
             assert_eq!(
                 c.message_bytes,
                 4 * elements as u64,
@@ -120,34 +123,11 @@ fn routing_under_activation_checkpointing_gives_rotations_bits() {
     }
 }
 
-/// Routing needs every rank to pass a Linear the same number of rows: a rank whose batch is
-/// smaller makes every rank fail with a typed `Desync` that names the op and both shapes,
-/// instead of a hang or a wrong result.
-#[test]
-fn ranks_with_unequal_rows_fail_with_a_typed_desync() {
-    use burn::nn::{Linear, LinearConfig};
-    use burn::tensor::{Distribution, Tensor};
-    use burn_rtp::{launch, Rtp, RtpError};
-    type Dist = burn::backend::Autodiff<Rtp<NdArray>>;
-    let config = RtpConfig::new(2)
-        .with_shard_threshold(0)
-        .with_routing(Routing::Activations);
-    let err = launch(config, |device| {
-        let layer: Linear<Dist> = LinearConfig::new(8, 12).init(&device);
-        let rows = if device.rank() == 0 { 4 } else { 3 };
-        let x = Tensor::<Dist, 2>::random([rows, 8], Distribution::Default, &device);
-        layer.forward(x).sum().into_scalar()
-    })
-    .unwrap_err();
-    let text = err.to_string();
-    assert!(matches!(err, RtpError::Desync { .. }), "{text}");
-    assert!(text.contains("linear.route_x"), "{text}");
-    assert!(text.contains("[3, 8]") && text.contains("[4, 8]"), "{text}");
-}
-
 /// `Auto` routes where a rank's rows weigh less than the weights and rotates elsewhere: the
 /// MLP (24 rows over the world, 36 -> 100 -> 67) routes every pass, the LM (8 tokens per
-/// sequence) rotates every pass, so each makes exactly the exchanges of that mode.
+/// sequence) rotates every pass, so each makes exactly the exchanges of that mode, and the LM
+/// one agreement of input shapes per distinct Linear input a step as well (attention's
+/// query, key and value share one; then its output, the MLP's two and the head: five).
 #[test]
 fn auto_routes_the_small_batch_and_rotates_the_large_one() {
     for n in [4, 8] {
@@ -156,35 +136,106 @@ fn auto_routes_the_small_batch_and_rotates_the_large_one() {
         assert_eq!(mlp, e(Which::Mlp, Routing::Activations), "MLP N={n}");
         assert_ne!(mlp, e(Which::Mlp, Routing::Weights), "MLP N={n}");
         let lm = e(Which::Lm, Routing::Auto);
-        assert_eq!(lm, e(Which::Lm, Routing::Weights), "LM N={n}");
+        let agreements = 5 * STEPS as u64;
+        assert_eq!(lm, e(Which::Lm, Routing::Weights) + agreements, "LM N={n}");
         assert_ne!(lm, e(Which::Lm, Routing::Activations), "LM N={n}");
     }
 }
 
-/// Under `Auto`, ranks whose rows put them on either side of the choice take different
-/// schedules; every rank must still fail with a typed error, well before its peer timeout.
-#[test]
-fn auto_with_unequal_rows_fails_every_rank_quickly() {
+/// What one rank computed through two Linears with an uneven batch: the output, dX, both
+/// weights' gradients (gathered whole), and the exchanges and message bytes it made.
+#[derive(Debug, Clone, PartialEq)]
+struct Uneven {
+    out: Vec<u32>,
+    dx: Vec<u32>,
+    dw: Vec<Vec<u32>>,
+    exchanges: u64,
+    message_bytes: u64,
+}
+
+/// Two sharded Linears (64 -> 96 -> 40, so the second one computes dX) on rank `r`'s `rows(r)`
+/// rows of a formula's inputs, forward and backward, at N = `n` under `routing`.
+fn uneven(n: usize, routing: Routing, rows: fn(usize) -> usize) -> Vec<Uneven> {
     use burn::nn::{Linear, LinearConfig};
-    use burn::tensor::{Distribution, Tensor};
+    use burn::tensor::{Tensor, TensorData};
     use burn_rtp::{launch, Rtp};
-    use std::time::{Duration, Instant};
     type Dist = burn::backend::Autodiff<Rtp<NdArray>>;
+    let config = RtpConfig::new(n)
+        .with_shard_threshold(0)
+        .with_routing(routing);
+    fn bits<B: burn::tensor::backend::Backend>(t: Tensor<B, 2>) -> Vec<u32> {
+        let values = t.into_data().to_vec::<f32>().expect("f32 values");
+        values.into_iter().map(f32::to_bits).collect()
+    }
+    let wave = |len: usize, k: f32| (0..len).map(|i| (i as f32 * k).sin()).collect::<Vec<_>>();
+    launch(config, |device| {
+        // Seeded weights, loaded as a record so that they shard like a model's.
+        let linear = |d_in: usize, d_out: usize, seed: u64| -> Linear<Dist> {
+            let seeded = seeded(
+                LinearConfig::new(d_in, d_out).init::<NdArray>(&Default::default()),
+                seed,
+            );
+            load_bytes(
+                LinearConfig::new(d_in, d_out).init(&device),
+                &to_bytes(seeded),
+                &device,
+            )
+        };
+        let (fc1, fc2) = (linear(64, 96, SEED), linear(96, 40, SEED + 1));
+        let r = rows(device.rank());
+        let x = TensorData::new(wave(r * 64, 0.7 + device.rank() as f32), [r, 64]);
+        let x = Tensor::<Dist, 2>::from_data(x, &device).require_grad();
+        let (exchanges, message_bytes) = (device.exchanges(), device.message_bytes());
+        let out = fc2.forward(fc1.forward(x.clone()).tanh());
+        let grads = out.clone().powf_scalar(2.0).sum().backward();
+        let dw = [&fc1, &fc2].map(|l| bits(l.weight.grad(&grads).unwrap()));
+        Uneven {
+            out: bits(out),
+            dx: bits(x.grad(&grads).unwrap()),
+            dw: dw.to_vec(),
+            exchanges: device.exchanges() - exchanges,
+            message_bytes: device.message_bytes() - message_bytes,
+        }
+    })
+    .expect("ranks with uneven batches run")
+}
+
+/// Ranks may pass a Linear different numbers of rows (an uneven last batch): they agree
+/// every rank's shape first, so routing expects each peer's own rows and `Auto` decides each
+/// pass alike on every rank. Whether every rank's batch is small (`Auto` routes) or rank 0's
+/// alone is (before the agreement its rows would have routed and its peers' rotated), each
+/// mode gives rotation's bits on every rank: the output, dX and both weights' gradients.
+#[test]
+fn ranks_with_unequal_rows_route_and_rotate_alike() {
+    let small: fn(usize) -> usize = |r| 1 + r;
+    let mixed: fn(usize) -> usize = |r| if r == 0 { 2 } else { 64 };
     for n in [2, 3, 4] {
-        let config = RtpConfig::new(n)
-            .with_shard_threshold(0)
-            .with_routing(Routing::Auto)
-            .with_peer_timeout(Duration::from_secs(60));
-        let started = Instant::now();
-        let err = launch(config, |device| {
-            let layer: Linear<Dist> = LinearConfig::new(64, 64).init(&device);
-            // Rank 0's 2 rows route; the others' 64 rows rotate.
-            let rows = if device.rank() == 0 { 2 } else { 64 };
-            let x = Tensor::<Dist, 2>::random([rows, 64], Distribution::Default, &device);
-            layer.forward(x).sum().into_scalar()
-        })
-        .unwrap_err();
-        let took = started.elapsed();
-        assert!(took < Duration::from_secs(20), "N={n}: {took:?} for {err}");
+        for (name, rows) in [("small", small), ("mixed", mixed)] {
+            let rotated = uneven(n, Routing::Weights, rows);
+            let routed = uneven(n, Routing::Activations, rows);
+            let auto = uneven(n, Routing::Auto, rows);
+            for (r, ((a, b), c)) in rotated.iter().zip(&routed).zip(&auto).enumerate() {
+                let results = |u: &Uneven| (u.out.clone(), u.dx.clone(), u.dw.clone());
+                assert_eq!(results(a), results(b), "{name} N={n} rank {r}: routed");
+                assert_eq!(results(a), results(c), "{name} N={n} rank {r}: auto");
+                assert!(b.exchanges < a.exchanges || n < 4, "{name} N={n} rank {r}");
+                // Every rank makes the same choice: all route the small batches, all rotate
+                // the mixed ones (their mean rows weigh more than the weights), after one
+                // agreement per forward (rows and features, to each peer) and none in the
+                // backward, which reads the forward's.
+                let agreed =
+                    |u: &Uneven| (u.exchanges + 2, u.message_bytes + 2 * 8 * (n - 1) as u64);
+                let expected = if name == "small" {
+                    (b.exchanges, b.message_bytes)
+                } else {
+                    agreed(a)
+                };
+                assert_eq!(
+                    (c.exchanges, c.message_bytes),
+                    expected,
+                    "{name} N={n} rank {r}: Auto's exchanges and bytes"
+                );
+            }
+        }
     }
 }

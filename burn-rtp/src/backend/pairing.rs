@@ -81,6 +81,11 @@ fn same(a: &Identity, b: &Identity) -> bool {
 /// the record's).
 pub(crate) type PeerInputs<B> = Arc<Vec<Option<Held<B>>>>;
 
+/// Every rank's input shape for one Linear call, in rank order, as the ranks agreed them
+/// (`backend::ops::routed::agree_dims`): the shapes a routed pass expects from each peer, and
+/// the rows `Routing::Auto` decides on. Linears fed the same `x`, and the backward, reuse them.
+pub(crate) type WorldDims = Arc<Vec<Vec<usize>>>;
+
 /// What one Linear forward leaves for its backward.
 pub(crate) struct Forward<B: Backend> {
     weight: Identity,
@@ -89,6 +94,8 @@ pub(crate) struct Forward<B: Backend> {
     x: Option<Held<B>>,
     /// The peers' `x`, when the forward routed them here; released with `x`.
     peer_x: Option<PeerInputs<B>>,
+    /// Every rank's shape of `x`, where the strategy may route and so agreed them.
+    world: Option<WorldDims>,
     /// Shape of `x`.
     x_dims: Vec<usize>,
     /// Logical shape of the weight.
@@ -109,6 +116,7 @@ impl<B: Backend> Forward<B> {
             x_id: x.identity(),
             x: keep_x.then(|| x.keep()),
             peer_x: None,
+            world: None,
             x_dims: x.dims(),
             weight_dims: weight.dims(),
             weight_layout: weight.layout().clone(),
@@ -126,6 +134,11 @@ impl<B: Backend> Forward<B> {
     /// The peers' inputs the forward routed here, while the record holds its `x`.
     pub fn peer_x(&self) -> Option<PeerInputs<B>> {
         self.x.as_ref().and(self.peer_x.clone())
+    }
+
+    /// Every rank's shape of `x`, if the forward agreed them.
+    pub fn world(&self) -> Option<WorldDims> {
+        self.world.clone()
     }
 }
 
@@ -145,6 +158,8 @@ pub(crate) struct Deferred<B: Backend> {
     /// Layout of the weight of that forward, when dX was computed without `x` (a released
     /// input): the weight's call computes dW by it.
     pub weight_layout: Option<Layout>,
+    /// Every rank's shape of that forward's `x`, if it agreed them.
+    world: Option<WorldDims>,
 }
 
 impl<B: Backend> Deferred<B> {
@@ -158,23 +173,30 @@ impl<B: Backend> Deferred<B> {
             db: None,
             bias_layout,
             weight_layout: None,
+            world: None,
         }
     }
 
     /// What a dX pass without the forward's `x` leaves for the calls that follow with the
-    /// same `dy`: the layouts of that forward's weight and bias.
-    pub fn layouts(dy: Identity, weight_layout: Layout, bias_layout: Option<Layout>) -> Self {
+    /// same `dy`: the layouts of that forward's weight and bias, and the shapes its ranks
+    /// agreed.
+    pub fn layouts(dy: Identity, guess: Guess<B>) -> Self {
         Self {
             x: None,
             dy,
             weight: None,
             dw: None,
             db: None,
-            bias_layout,
-            weight_layout: Some(weight_layout),
+            bias_layout: guess.bias_layout,
+            weight_layout: Some(guess.weight_layout),
+            world: guess.world,
         }
     }
 }
+
+/// What a weight's call claims after a dX pass without `x`: the forward's weight and bias
+/// layouts, and the shapes its ranks agreed.
+pub(crate) type Claimed = (Layout, Option<Layout>, Option<WorldDims>);
 
 /// What `linear_x_backward` found for its weight and `dy`.
 pub(crate) struct Guess<B: Backend> {
@@ -186,6 +208,8 @@ pub(crate) struct Guess<B: Backend> {
     pub bias_layout: Option<Layout>,
     /// The peers' inputs the forward routed to this rank, if it routed them and holds `x`.
     pub peer_x: Option<PeerInputs<B>>,
+    /// Every rank's shape of the forward's `x`, if it agreed them.
+    pub world: Option<WorldDims>,
 }
 
 /// One rank's forward records and deferred gradients.
@@ -328,6 +352,7 @@ impl<B: Backend> Pairing<B> {
             weight_layout: f.weight_layout.clone(),
             bias_layout: f.bias_layout.clone(),
             peer_x: f.peer_x(),
+            world: f.world(),
         })
     }
 
@@ -340,13 +365,31 @@ impl<B: Backend> Pairing<B> {
             .find_map(Forward::peer_x)
     }
 
-    /// Leaves the peers' inputs a routed forward received in the newest record of `x` through
-    /// `weight` (the one that forward made).
-    pub fn keep_peer_x(&mut self, x: &Identity, weight: &Identity, peer_x: PeerInputs<B>) {
-        let newest = (self.forwards.iter_mut().rev())
-            .find(|f| same(&f.x_id, x) && same(&f.weight, weight) && f.x.is_some());
+    /// Every rank's shape of `x`, as a forward of this same `x` agreed them (attention's
+    /// query, key and value share one agreement).
+    pub fn world_of(&mut self, x: &Identity) -> Option<WorldDims> {
+        (self.forwards.iter().rev())
+            .filter(|f| same(&f.x_id, x))
+            .find_map(Forward::world)
+    }
+
+    /// Leaves in the newest record of `x` through `weight` (the one that forward made) every
+    /// rank's shape of `x`, and the peers' inputs a routed forward received (while the record
+    /// holds `x`).
+    pub fn keep_routing(
+        &mut self,
+        x: &Identity,
+        weight: &Identity,
+        world: WorldDims,
+        peer_x: Option<PeerInputs<B>>,
+    ) {
+        let newest =
+            (self.forwards.iter_mut().rev()).find(|f| same(&f.x_id, x) && same(&f.weight, weight));
         if let Some(f) = newest {
-            f.peer_x = Some(peer_x);
+            f.world = Some(world);
+            if f.x.is_some() {
+                f.peer_x = peer_x;
+            }
         }
     }
 
@@ -385,16 +428,16 @@ impl<B: Backend> Pairing<B> {
     }
 
     /// For `linear_weight_backward(x, dy)` after a dX pass without `x`: the layouts of the
-    /// weight and bias of the forward `dy` belongs to.
-    pub fn claim_layouts(&mut self, dy: &impl Operand<B>) -> Option<(Layout, Option<Layout>)> {
+    /// weight and bias of the forward `dy` belongs to, and the shapes its ranks agreed.
+    pub fn claim_layouts(&mut self, dy: &impl Operand<B>) -> Option<Claimed> {
         let d = self.deferred.as_ref()?;
         if !same(&d.dy, &dy.identity()) {
             return None;
         }
         let weight = d.weight_layout.clone()?;
-        let bias = d.bias_layout.clone();
+        let claimed = (weight, d.bias_layout.clone(), d.world.clone());
         self.deferred = None;
-        Some((weight, bias))
+        Some(claimed)
     }
 
     /// For `linear_weight_backward(x, dy)` without a deferred dW: removes and returns the

@@ -75,8 +75,9 @@ pub enum Routing {
     /// inputs it received until the backward, which computes dW from them: each input
     /// travels once per step (Linears fed the same input share it; an input that activation
     /// checkpointing released travels again), and an owner holds `N - 1` peers' inputs
-    /// beside its own as activations, which the memory planner does not model. Every rank
-    /// must pass a Linear the same number of rows (a difference is `RtpError::Desync`).
+    /// beside its own as activations, which the memory planner does not model. Ranks may pass
+    /// a Linear different numbers of rows (an uneven last batch): they agree their input
+    /// shapes in one small all-gather per Linear input, which the backward reuses.
     Activations,
     /// Per Linear and per pass, whichever of the two sends fewer elements (the counts above
     /// for the forward, without `x` where the owners have it already; in the backward,
@@ -84,8 +85,8 @@ pub enum Routing {
     /// `dy`'s columns, the dX partials back and `x` for dW unless the forward routed it),
     /// with a margin of 1.25 in rotation's favour (its transfers hide behind compute;
     /// routing's wait).
-    /// Ranks decide from their own rows, so every rank must pass a Linear the same number of
-    /// rows, as under `Activations`.
+    /// Every rank decides on the mean of the rows the ranks agreed (as under `Activations`),
+    /// so ranks with uneven batches take the same schedule.
     Auto,
 }
 

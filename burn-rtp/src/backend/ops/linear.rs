@@ -9,7 +9,7 @@ use super::weights::{
     WeightUse,
 };
 use super::{full_inner, unary, Float};
-use crate::backend::pairing::{Deferred, Forward, Guess, Identity, PeerInputs};
+use crate::backend::pairing::{Deferred, Forward, Guess, Identity, PeerInputs, WorldDims};
 use crate::backend::rank::RankCtx;
 use crate::backend::strategy::LinearPass;
 use crate::backend::tensor::RtpTensor;
@@ -48,6 +48,58 @@ fn pack_for_pass<B: RotationKernels>(
     (packed, charge)
 }
 
+/// What a forward that may have routed left for its backward pass.
+struct FromForward<B: Backend> {
+    /// The peers' inputs on this rank as their owner, where the forward routed and kept them.
+    peer_x: Option<PeerInputs<B>>,
+    /// Every rank's shape of the forward's `x`, where the ranks agreed them.
+    world: Option<WorldDims>,
+}
+
+impl<B: Backend> FromForward<B> {
+    /// Nothing known from a forward: a pass that may route agrees the shapes itself.
+    fn none() -> Self {
+        Self {
+            peer_x: None,
+            world: None,
+        }
+    }
+}
+
+/// `dims` with its last dimension replaced by `last`.
+pub(super) fn with_last(dims: &[usize], last: usize) -> Vec<usize> {
+    let mut dims = dims.to_vec();
+    let n = dims.len();
+    dims[n - 1] = last;
+    dims
+}
+
+/// Every rank's input shape for a pass, where the strategy may route it: `known` from the
+/// forward, else agreed now from this rank's `own()` input shape. Every rank runs the same
+/// graph, so every rank finds (or agrees) them at the same passes.
+fn world_dims<B: RotationKernels>(
+    ctx: &RankCtx<B>,
+    known: Option<WorldDims>,
+    own: impl FnOnce() -> Vec<usize>,
+) -> Option<WorldDims> {
+    if !ctx.may_route() {
+        return None;
+    }
+    Some(known.unwrap_or_else(|| super::routed::agree_dims(ctx, &own())))
+}
+
+/// Rows per rank that decide a pass: the mean over every rank's input where the ranks agreed
+/// their shapes (so every rank decides alike), else this rank's `own`.
+fn rows_per_rank<B: Backend>(ctx: &RankCtx<B>, world: Option<&WorldDims>, own: usize) -> f64 {
+    match world {
+        Some(world) => {
+            let rows = |d: &Vec<usize>| d[..d.len() - 1].iter().product::<usize>();
+            world.iter().map(rows).sum::<usize>() as f64 / ctx.comm.world_size as f64
+        }
+        None => own as f64,
+    }
+}
+
 /// What one backward pass produced.
 pub(super) struct Grads<B: Backend> {
     /// This rank's dX.
@@ -62,7 +114,8 @@ pub(super) struct Grads<B: Backend> {
 /// accumulated; with `x` this rank's `xᵀ dy_j` travels to shard `j`'s home (dW); with
 /// `bias` the column sums of `dy_j` travel with it (db). Any subset works; with nothing to
 /// rotate or carry it is not called. A pass the strategy routes goes to `routed.rs` instead;
-/// `peer_x`, the peers' inputs a routed forward of this `x` left here, spares it sending `x`.
+/// `peer_x`, the peers' inputs a routed forward of this `x` left here, spares it sending `x`,
+/// and `world`, the input shapes the forward's ranks agreed, spares agreeing them again.
 fn backward_pass<B: RotationKernels>(
     ctx: &Arc<RankCtx<B>>,
     spec: &ShardSpec,
@@ -70,21 +123,27 @@ fn backward_pass<B: RotationKernels>(
     x: Option<Float<B>>,
     dy: &Held<B>,
     bias: Option<ShardSpec>,
-    peer_x: Option<PeerInputs<B>>,
+    from_forward: FromForward<B>,
 ) -> Grads<B> {
+    let FromForward { peer_x, world } = from_forward;
     let peer_x = peer_x.filter(|_| x.is_some());
+    let d_in = spec.full[0];
+    let world = world_dims(ctx, world, || with_last(&dy.shape().to_vec(), d_in));
     let pass = LinearPass {
-        rows: dy.shape().num_elements() / spec.last().max(1),
-        d_in: spec.full[0],
+        rows: rows_per_rank(
+            ctx,
+            world.as_ref(),
+            dy.shape().num_elements() / spec.last().max(1),
+        ),
+        d_in,
         d_out: spec.last(),
         backward: Some((weight.is_some(), x.is_some())),
         x_on_owners: peer_x.is_some(),
     };
-    if ctx.routes_activations(&pass) {
+    if let Some(world) = world.filter(|_| ctx.routes_activations(&pass)) {
         let x = x.map(|x| super::routed::Input { x, peer_x });
-        return super::routed::backward_pass(ctx, spec, weight, x, dy, bias);
+        return super::routed::backward_pass(ctx, spec, weight, x, dy, bias, &world);
     }
-    let d_in = spec.full[0];
     let rotates = weight.is_some();
     let with_x = x.is_some();
     let with_bias = bias.is_some();
@@ -235,24 +294,32 @@ fn rotated_forward<B: RotationKernels>(
     };
     let with_bias = bundle.len() == 2;
     let (x_id, weight_id) = ids;
-    let kept = if ctx.may_route() {
-        ctx.linear.pairing.lock().unwrap().peer_x_of(&x_id)
+    let (kept, known) = if ctx.may_route() {
+        let mut pairing = ctx.linear.pairing.lock().unwrap();
+        (pairing.peer_x_of(&x_id), pairing.world_of(&x_id))
     } else {
-        None
+        (None, None)
     };
+    let world = world_dims(ctx, known, || x.shape().to_vec());
     let pass = LinearPass {
-        rows: x.shape().num_elements() / d_in.max(1),
+        rows: rows_per_rank(ctx, world.as_ref(), x.shape().num_elements() / d_in.max(1)),
         d_in,
         d_out: spec.last(),
         backward: None,
         x_on_owners: kept.is_some(),
     };
-    if ctx.routes_activations(&pass) {
-        let (y, peer_x) = super::routed::forward(ctx, &x, kept, bundle, &spec);
+    // The record keeps the agreed shapes for the backward and for Linears fed this `x`.
+    let keep = |world, peer_x| {
         let mut pairing = ctx.linear.pairing.lock().unwrap();
-        pairing.keep_peer_x(&x_id, &weight_id, peer_x);
-        drop(pairing);
-        return add_late_bias(y.into_local(ctx.clone()), late_bias, ndims);
+        pairing.keep_routing(&x_id, &weight_id, world, peer_x);
+    };
+    if let Some(world) = world {
+        if ctx.routes_activations(&pass) {
+            let (y, peer_x) = super::routed::forward(ctx, &x, kept, bundle, &spec, &world);
+            keep(world, Some(peer_x));
+            return add_late_bias(y.into_local(ctx.clone()), late_bias, ndims);
+        }
+        keep(world, None);
     }
     let y = kernels::output_for_columns::<B>(&x.get(), spec.last());
     let (packed, packed_charge) = pack_for_pass(ctx, &x.get(), kernels::XUse::Forward);
@@ -307,7 +374,7 @@ pub(super) fn x_backward<B: RotationKernels>(
     // by `x` it cannot find the record once autodiff has recomputed `x` (activation
     // checkpointing), and without them it would keep a whole per-rank dW.
     let leave_layouts = |dy_id, guess: Guess<B>| {
-        let deferred = Deferred::layouts(dy_id, guess.weight_layout, guess.bias_layout);
+        let deferred = Deferred::layouts(dy_id, guess);
         ctx.linear.pairing.lock().unwrap().defer(deferred);
     };
     match use_ {
@@ -329,13 +396,17 @@ pub(super) fn x_backward<B: RotationKernels>(
             let dy = full_inner(dy, op);
             let w = Some(weight.inner.clone());
             let Some(guess) = guess else {
-                let g = backward_pass(&ctx, &spec, w, None, &dy, None, None);
+                let g = backward_pass(&ctx, &spec, w, None, &dy, None, FromForward::none());
                 return local(&ctx, g.dx.expect("the weight rotated"));
             };
             let Some((x_id, x)) = guess.x.clone() else {
                 // A released input (recomputed by autodiff for the weight's call): dX now,
                 // and the layouts for the weight's call, which sends dW around on its own.
-                let g = backward_pass(&ctx, &spec, w, None, &dy, None, None);
+                let routing = FromForward {
+                    peer_x: None,
+                    world: guess.world.clone(),
+                };
+                let g = backward_pass(&ctx, &spec, w, None, &dy, None, routing);
                 leave_layouts(dy_id, guess);
                 let mut split = ctx.linear.split_passes.lock().unwrap();
                 if !split.contains(&spec.full.to_vec()) {
@@ -346,7 +417,11 @@ pub(super) fn x_backward<B: RotationKernels>(
             };
             let bias_layout = guess.bias_layout;
             let bias = travelling_bias(&bias_layout);
-            let g = backward_pass(&ctx, &spec, w, Some(x), &dy, bias, guess.peer_x);
+            let routing = FromForward {
+                peer_x: guess.peer_x,
+                world: guess.world,
+            };
+            let g = backward_pass(&ctx, &spec, w, Some(x), &dy, bias, routing);
             let mut deferred = Deferred::new(x_id, dy_id, bias_layout);
             deferred.dw = g.dw.map(RtpTensor::into_placed);
             deferred.db = g.db.map(RtpTensor::into_placed);
@@ -373,14 +448,23 @@ pub(super) fn weight_backward<B: RotationKernels>(
         drop(pairing);
         return RtpTensor::from_placed(ctx, dw);
     }
-    let (layouts, peer_x) = match pairing.claim_layouts(&dy) {
-        Some(layouts) => (Some(layouts), None),
+    let (layouts, routing) = match pairing.claim_layouts(&dy) {
+        Some((weight, bias, world)) => {
+            let routing = FromForward {
+                peer_x: None,
+                world,
+            };
+            (Some((weight, bias)), routing)
+        }
         None => match pairing.take_forward(&x, &dy) {
             Some(f) => {
-                let peer_x = f.peer_x();
-                (Some((f.weight_layout, f.bias_layout)), peer_x)
+                let routing = FromForward {
+                    peer_x: f.peer_x(),
+                    world: f.world(),
+                };
+                (Some((f.weight_layout, f.bias_layout)), routing)
             }
-            None => (None, None),
+            None => (None, FromForward::none()),
         },
     };
     drop(pairing);
@@ -405,7 +489,7 @@ pub(super) fn weight_backward<B: RotationKernels>(
         }
         WeightUse::Rotated(spec) => {
             let bias = travelling_bias(&deferred.bias_layout);
-            let g = backward_pass(&ctx, &spec, None, Some(x.get()), &dy, bias, peer_x);
+            let g = backward_pass(&ctx, &spec, None, Some(x.get()), &dy, bias, routing);
             deferred.db = g.db.map(RtpTensor::into_placed);
             g.dw.expect("x travelled")
         }
@@ -438,10 +522,16 @@ pub(super) fn bias_backward<B: RotationKernels>(dy: RtpTensor<B>) -> RtpTensor<B
             reduce_scatter_full(&ctx, "linear.reduce_scatter_bias", spec, full)
         }
         // The bias is split like the weight's columns, so its own spec gives the columns.
-        WeightUse::Rotated(spec) => {
-            backward_pass(&ctx, &spec.clone(), None, None, &dy, Some(spec), None)
-                .db
-                .expect("the bias travelled")
-        }
+        WeightUse::Rotated(spec) => backward_pass(
+            &ctx,
+            &spec.clone(),
+            None,
+            None,
+            &dy,
+            Some(spec),
+            FromForward::none(),
+        )
+        .db
+        .expect("the bias travelled"),
     }
 }

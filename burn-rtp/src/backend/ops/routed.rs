@@ -25,29 +25,51 @@
 //! are activations on the owner: `N - 1` peers' `x` for each routed input, released with the
 //! rank's own.
 //!
-//! Every rank must pass the Linear the same number of rows: each rank expects its peers'
-//! blocks to have its own shape, and a difference is `RtpError::Desync` naming both.
+//! Ranks may pass the Linear different numbers of rows (an uneven last batch): before a pass
+//! that may route, the ranks agree every rank's input shape in one small all-gather
+//! ([`agree_dims`]), so each expects its peers' own shapes and `Routing::Auto` decides every
+//! rank's pass from the same rows. The forward's record keeps the agreement for the backward
+//! and for Linears fed the same `x`, so a block agrees once per input, not once per pass.
 
-use super::linear::Grads;
+use super::linear::{with_last, Grads};
 use super::weights::mean_over_ranks;
 use super::Float;
-use crate::backend::pairing::PeerInputs;
+use crate::backend::pairing::{PeerInputs, WorldDims};
 use crate::backend::rank::RankCtx;
 use crate::backend::tensor::RtpTensor;
+use crate::comm::collectives::all_gather_host;
 use crate::comm::route::{all_to_all, Routed};
 use crate::state::accounting::{transient, Category, Held};
 use crate::state::sharding::{Layout, ShardSpec};
+use burn::tensor::backend::Backend;
 use burn::tensor::TensorMetadata;
 use burn_rtp_kernels as kernels;
 use burn_rtp_kernels::RotationKernels;
 use std::sync::Arc;
 
-/// `dims` with its last dimension replaced by `last`.
-fn with_last(dims: &[usize], last: usize) -> Vec<usize> {
-    let mut dims = dims.to_vec();
-    let n = dims.len();
-    dims[n - 1] = last;
-    dims
+/// Every rank's `dims` (its input to one Linear), in rank order, from one small all-gather:
+/// what routing expects from each peer, and the rows `Auto` decides on, the same on every
+/// rank. A shape of another rank that differs in anything but its rows is `RtpError::Desync`
+/// in the exchanges that follow, naming both.
+pub(super) fn agree_dims<B: Backend>(ctx: &RankCtx<B>, dims: &[usize]) -> WorldDims {
+    // Floats carry integers exactly below 2^24, far above any one dimension of an input.
+    let values = dims
+        .iter()
+        .map(|&d| {
+            assert!(
+                d < 1 << 24,
+                "rank {}: `linear.agree_rows`: dimension {d} of {dims:?} is too large to agree",
+                ctx.comm.rank
+            );
+            d as f32
+        })
+        .collect();
+    let all = all_gather_host(&ctx.comm, "linear.agree_rows", values);
+    Arc::new(
+        all.into_iter()
+            .map(|v| v.into_iter().map(|d| d as usize).collect())
+            .collect(),
+    )
 }
 
 /// Panics naming the rank, the op and the shapes, for a step kernel's refusal.
@@ -62,21 +84,22 @@ fn refused<B: RotationKernels>(
 
 /// The forward of a Linear whose weight is sharded by `spec`: `own` is this rank's bundle,
 /// its weight shard and, when split like it, its bias shard. `kept` are the peers' inputs a
-/// routed forward of this same `x` left here (then no `x` travels). Returns `y` and the
-/// peers' inputs, for the record.
+/// routed forward of this same `x` left here (then no `x` travels); `world` is every rank's
+/// shape of `x`. Returns `y` and the peers' inputs, for the record.
 pub(super) fn forward<B: RotationKernels>(
     ctx: &Arc<RankCtx<B>>,
     x: &Held<B>,
     kept: Option<PeerInputs<B>>,
     own: Vec<Float<B>>,
     spec: &ShardSpec,
+    world: &WorldDims,
 ) -> (Held<B>, PeerInputs<B>) {
     let (rank, n) = (ctx.comm.rank, ctx.comm.world_size);
     let x_dims = x.shape().to_vec();
     let peer_x = kept.unwrap_or_else(|| {
         let outgoing = (0..n).map(|_| vec![x.get()]).collect();
-        let Routed { bundles, charges } = all_to_all(&ctx.comm, "linear.route_x", outgoing, |_| {
-            vec![x_dims.clone()]
+        let Routed { bundles, charges } = all_to_all(&ctx.comm, "linear.route_x", outgoing, |p| {
+            vec![world[p].clone()]
         });
         // From here the peers' inputs are activations the record holds, not buffers in flight.
         drop(charges);
@@ -120,7 +143,7 @@ pub(super) struct Input<B: burn::tensor::backend::Backend> {
 
 /// A Linear's backward under activation routing, with the arguments and results of the ring
 /// pass it replaces (`linear::backward_pass`): with `weight` (this rank's shard) dX, with `x`
-/// dW, with `bias` db; any subset.
+/// dW, with `bias` db; any subset. `world` is every rank's shape of the forward's `x`.
 pub(super) fn backward_pass<B: RotationKernels>(
     ctx: &Arc<RankCtx<B>>,
     spec: &ShardSpec,
@@ -128,6 +151,7 @@ pub(super) fn backward_pass<B: RotationKernels>(
     input: Option<Input<B>>,
     dy: &Held<B>,
     bias: Option<ShardSpec>,
+    world: &WorldDims,
 ) -> Grads<B> {
     let (rank, n) = (ctx.comm.rank, ctx.comm.world_size);
     let with_bias = bias.is_some();
@@ -143,7 +167,7 @@ pub(super) fn backward_pass<B: RotationKernels>(
         Some(_) => (x, None),
         None => (None, x),
     };
-    let x_dims = x.as_ref().map(|x| x.shape().to_vec());
+    let x_travels = x.is_some();
     // To owner `j`: the columns `j` of `dy`, and `x` when dW is wanted and `j` lacks it.
     let outgoing = (0..n)
         .map(|j| {
@@ -158,9 +182,10 @@ pub(super) fn backward_pass<B: RotationKernels>(
         })
         .collect();
     let len = spec.range(rank).len;
-    let incoming = all_to_all(&ctx.comm, "linear.route_dy", outgoing, |_| {
-        std::iter::once(with_last(&dy_dims, len))
-            .chain(x_dims.clone())
+    // From rank `s`: its rows of `dy`'s columns here, and its `x` if that travels.
+    let incoming = all_to_all(&ctx.comm, "linear.route_dy", outgoing, |s| {
+        std::iter::once(with_last(&world[s], len))
+            .chain(x_travels.then(|| world[s].clone()))
             .collect()
     });
     let window = kernels::Window::new(0, len);

@@ -229,10 +229,11 @@ pub(crate) trait RankStrategy<B: Backend>: Send + Sync {
 
 /// What one pass of a Linear computes, on which shapes: what decides whether weights or
 /// activations move.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct LinearPass {
-    /// Rows of this rank's input (its tokens).
-    pub(crate) rows: usize,
+    /// Rows per rank (tokens): the mean over every rank's input where the ranks agreed their
+    /// shapes, so that every rank decides alike; else this rank's own.
+    pub(crate) rows: f64,
     /// The weight's input features.
     pub(crate) d_in: usize,
     /// The weight's output features.

@@ -57,7 +57,7 @@ const AUTO_MARGIN: f64 = 1.25;
 /// owners kept `x` from a routed forward, no `x` goes out.
 pub(crate) fn elements_moved(pass: &LinearPass, world: usize) -> (f64, f64) {
     let n = world as f64;
-    let (rows, d_in, d_out) = (pass.rows as f64, pass.d_in as f64, pass.d_out as f64);
+    let (rows, d_in, d_out) = (pass.rows, pass.d_in as f64, pass.d_out as f64);
     let share = (n - 1.0) / n;
     let weight = share * d_in * d_out;
     let x = (n - 1.0) * rows * d_in;

@@ -81,7 +81,7 @@ fn auto_routes_where_the_tokens_weigh_less_than_the_weights() {
     };
     let routes = |rows, d_in, d_out, backward| {
         let pass = LinearPass {
-            rows,
+            rows: rows as f64,
             d_in,
             d_out,
             backward,
@@ -92,7 +92,7 @@ fn auto_routes_where_the_tokens_weigh_less_than_the_weights() {
     // Config B's MLP (32 tokens per rank, 768 -> 3072): routing moves a twelfth.
     let (rotate, route) = rtp::elements_moved(
         &LinearPass {
-            rows: 32,
+            rows: 32.0,
             d_in: 768,
             d_out: 3072,
             backward: None,
@@ -125,7 +125,7 @@ fn auto_routes_where_the_tokens_weigh_less_than_the_weights() {
     assert!(!routes(32, 768, 3072, Some((false, false))));
     // Owners that kept `x` from the routed forward: dW and a repeated forward send no `x`.
     let kept = |backward| LinearPass {
-        rows: 32,
+        rows: 32.0,
         d_in: 768,
         d_out: 3072,
         backward,
