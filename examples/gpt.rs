@@ -140,8 +140,8 @@ struct TrainArgs {
     /// weights | activations | auto: what moves for a sharded Linear under rtp, the weight
     /// shards around the ring, each rank's activations to the shards' owners and back (fewer
     /// bytes where a rank's tokens weigh less than its weights), or per pass whichever moves
-    /// fewer bytes. Routing needs the same batch size on every rank.
-    #[arg(long, default_value = "weights")]
+    /// fewer bytes (the default). Ranks may differ in batch size.
+    #[arg(long, default_value = "auto")]
     routing: Routing,
     /// none | balanced: recompute memory-bound activations (normalisation, GELU, softmax,
     /// reshapes) in the backward pass instead of keeping them, as Burn's
@@ -736,6 +736,13 @@ fn main() -> ExitCode {
             a.steps,
             a.batch
         );
+        if a.strategy == "rtp" && ranks > 1 {
+            let tokens = (a.batch * a.model.seq) as f64 / ranks as f64;
+            println!(
+                "{}",
+                a.model.config().routing_summary(a.routing, ranks, tokens)
+            );
+        }
     }
     let terminal = std::io::stderr().is_terminal();
     let bar = Bar {

@@ -98,7 +98,10 @@ pub fn run(
     let mut rows = Vec::new();
     for p in grid {
         let b = p.batch_per_rank;
-        let config = PlanConfig::default().with_batch(b);
+        // The variants measured rotate their weights.
+        let config = PlanConfig::default()
+            .with_batch(b)
+            .with_routing(burn_rtp::Routing::Weights);
         let planner = burn_rtp_gpt::plan::probe_gpt::<burn::backend::NdArray>(&p.model, config)?;
         for (strategy, rotation) in burn_rtp::plan::PLANNED {
             let v = Variant::of(strategy, rotation);

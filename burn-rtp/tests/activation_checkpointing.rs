@@ -16,7 +16,7 @@ use burn::backend::autodiff::checkpoint::strategy::{
     BalancedCheckpointing, CheckpointStrategy, NoCheckpointing,
 };
 use burn::backend::{Autodiff, NdArray};
-use burn_rtp::{Layout, RotationMode, RtpConfig, Strategy};
+use burn_rtp::{Layout, RotationMode, Routing, RtpConfig, Strategy};
 use common::*;
 
 type Balanced = Autodiff<NdArray, BalancedCheckpointing>;
@@ -68,10 +68,13 @@ fn matches_references(which: Which, config: RtpConfig) -> Vec<Counted> {
 }
 
 fn case(which: Which, n: usize, mode: RotationMode) {
+    // The weights rotating: the exchanges below count rotation's passes (routing under
+    // checkpointing is `tests/routing.rs`'s).
     let config = || {
         RtpConfig::new(n)
             .with_shard_threshold(0)
             .with_rotation(mode)
+            .with_routing(Routing::Weights)
     };
     let balanced = matches_references(which, config());
     // The same world without checkpointing: the numbers are the same to the bit (the

@@ -8,7 +8,7 @@ use burn::module::Module;
 use burn::nn::{Linear, LinearConfig};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
-use burn_rtp::{launch, RotationMode, Rtp, RtpConfig};
+use burn_rtp::{launch, RotationMode, Routing, Rtp, RtpConfig};
 use common::{load_bytes, rel_close, seeded, to_bytes};
 
 type Dist = burn::backend::Autodiff<Rtp<burn::backend::NdArray>>;
@@ -136,9 +136,11 @@ fn reference(case: Case) -> Vec<Vec<f32>> {
 fn distributed(case: Case, n: usize, mode: RotationMode) -> Vec<(Vec<Vec<f32>>, u64)> {
     let bytes = weights();
     launch(
+        // The weights rotating: the exchanges counted are rotation's ring passes.
         RtpConfig::new(n)
             .with_shard_threshold(0)
-            .with_rotation(mode),
+            .with_rotation(mode)
+            .with_routing(Routing::Weights),
         move |device| {
             let model = load_bytes(Pair::<Dist>::new(&device), &bytes, &device);
             gradients(case, model, &device, || device.exchanges())

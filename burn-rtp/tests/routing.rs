@@ -125,9 +125,11 @@ fn routing_under_activation_checkpointing_gives_rotations_bits() {
 
 /// `Auto` routes where a rank's rows weigh less than the weights and rotates elsewhere: the
 /// MLP (24 rows over the world, 36 -> 100 -> 67) routes every pass, the LM (8 tokens per
-/// sequence) rotates every pass, so each makes exactly the exchanges of that mode, and the LM
-/// one agreement of input shapes per distinct Linear input a step as well (attention's
-/// query, key and value share one; then its output, the MLP's two and the head: five).
+/// sequence) rotates every pass, so each makes the exchanges of that mode. The LM's ranks also
+/// agree their input shapes at the first Linear forward, and then at most once every 33 (a
+/// forward decides to rotate from the rows last agreed for up to 32 forwards; those fed an
+/// input already agreed read that): seven forwards a step (query, key, value, the
+/// attention's output, the MLP's two, the head).
 #[test]
 fn auto_routes_the_small_batch_and_rotates_the_large_one() {
     for n in [4, 8] {
@@ -136,8 +138,12 @@ fn auto_routes_the_small_batch_and_rotates_the_large_one() {
         assert_eq!(mlp, e(Which::Mlp, Routing::Activations), "MLP N={n}");
         assert_ne!(mlp, e(Which::Mlp, Routing::Weights), "MLP N={n}");
         let lm = e(Which::Lm, Routing::Auto);
-        let agreements = 5 * STEPS as u64;
-        assert_eq!(lm, e(Which::Lm, Routing::Weights) + agreements, "LM N={n}");
+        let agreements = lm - e(Which::Lm, Routing::Weights);
+        let at_most = (7 * STEPS).div_ceil(33) as u64;
+        assert!(
+            (1..=at_most).contains(&agreements),
+            "LM N={n}: {agreements} agreements of input shapes in {STEPS} steps"
+        );
         assert_ne!(lm, e(Which::Lm, Routing::Activations), "LM N={n}");
     }
 }
@@ -219,12 +225,11 @@ fn ranks_with_unequal_rows_route_and_rotate_alike() {
                 assert_eq!(results(a), results(b), "{name} N={n} rank {r}: routed");
                 assert_eq!(results(a), results(c), "{name} N={n} rank {r}: auto");
                 assert!(b.exchanges < a.exchanges || n < 4, "{name} N={n} rank {r}");
-                // Every rank makes the same choice: all route the small batches, all rotate
-                // the mixed ones (their mean rows weigh more than the weights), after one
-                // agreement per forward (rows and features, to each peer) and none in the
-                // backward, which reads the forward's.
-                let agreed =
-                    |u: &Uneven| (u.exchanges + 2, u.message_bytes + 2 * 8 * (n - 1) as u64);
+                // Every rank makes the same choice: all route the small batches (agreeing
+                // their shapes at each forward), all rotate the mixed ones (their mean rows
+                // weigh more than the weights) after one agreement of rows and features, at
+                // the first forward: the second decides from it, the backward reads them.
+                let agreed = |u: &Uneven| (u.exchanges + 1, u.message_bytes + 8 * (n - 1) as u64);
                 let expected = if name == "small" {
                     (b.exchanges, b.message_bytes)
                 } else {

@@ -53,6 +53,37 @@ impl GptConfig {
         }
     }
 
+    /// Which of the model's Linears route their activations under `routing` at `tokens`
+    /// per rank (the mean over ranks) on `world` ranks, as every rank decides it: a line for
+    /// the trainer's start.
+    pub fn routing_summary(&self, routing: burn_rtp::Routing, world: usize, tokens: f64) -> String {
+        let d = self.d_model;
+        let mut linears = vec![
+            ("attention", d, d),
+            ("MLP in", d, 4 * d),
+            ("MLP out", 4 * d, d),
+        ];
+        if !self.tie_embeddings {
+            linears.push(("head", d, self.vocab));
+        }
+        let each: Vec<String> = linears
+            .into_iter()
+            .map(|(name, d_in, d_out)| {
+                let way = match burn_rtp::plan::linear_routes(routing, world, tokens, d_in, d_out) {
+                    (true, true) => "routes activations",
+                    (false, false) => "rotates weights",
+                    (true, false) => "routes activations forward, rotates weights backward",
+                    (false, true) => "rotates weights forward, routes activations backward",
+                };
+                format!("{name} {way}")
+            })
+            .collect();
+        format!(
+            "Linears at {tokens:.0} tokens per rank ({routing} routing): {}",
+            each.join(", ")
+        )
+    }
+
     /// Checks that the heads divide the width.
     pub fn validate(&self) -> Result<(), String> {
         if self.heads == 0 || !self.d_model.is_multiple_of(self.heads) {

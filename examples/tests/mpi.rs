@@ -220,6 +220,9 @@ fn auto_progress_spins_where_the_transport_needs_calls_to_move_bytes() {
         let mut env: Vec<(&str, String)> = vec![
             ("RTP_TEST_STRATEGY", "rtp".into()),
             ("RTP_TEST_ROTATION", "out-of-place".into()),
+            // The weights rotating, whatever this batch would make `Auto` choose: the large
+            // receives are their shards.
+            ("RTP_TEST_ROUTING", "weights".into()),
             ("RTP_TEST_STEPS", "2".into()),
             // 256 wide: each rank's MLP shard is 512 KiB, above `LARGE_RECEIVE`.
             ("RTP_TEST_D_MODEL", "256".into()),

@@ -29,7 +29,10 @@ pub fn planner_rows(
     let mut planner_rows = Vec::new();
     for p in grid {
         let b = p.batch_per_rank;
-        let plan_config = burn_rtp::PlanConfig::default().with_batch(b);
+        // The variants measured rotate their weights.
+        let plan_config = burn_rtp::PlanConfig::default()
+            .with_batch(b)
+            .with_routing(burn_rtp::Routing::Weights);
         let planner = burn_rtp_gpt::plan::probe_gpt::<NdArray>(&p.model, plan_config)?;
         // The planner plans the default DDP (with buckets); the unbucketed one is a baseline.
         for variant in STRATEGIES.into_iter().filter(|v| v.buckets) {

@@ -213,8 +213,11 @@ pub fn syncs_per_linear_backward(n: usize) -> Result<f64, RtpError> {
     use burn::nn::LinearConfig;
     use burn::tensor::{Distribution, Tensor};
     type B = burn::backend::Autodiff<burn_rtp::Rtp<burn::backend::NdArray>>;
-    // Every parameter sharded: the layer is small, and the figure is about rotation.
-    let config = burn_rtp::RtpConfig::new(n).with_shard_threshold(0);
+    // Every parameter sharded, the weights rotating: the layer is small, and the figure is
+    // about rotation.
+    let config = burn_rtp::RtpConfig::new(n)
+        .with_shard_threshold(0)
+        .with_routing(burn_rtp::Routing::Weights);
     let counts = burn_rtp::launch(config, |device| {
         let linear = LinearConfig::new(64, 96).init::<B>(&device);
         let x = Tensor::<B, 2>::random([16, 64], Distribution::Default, &device).require_grad();

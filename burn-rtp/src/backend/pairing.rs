@@ -53,6 +53,13 @@ use std::sync::{Arc, Mutex, Weak};
 /// Forward records kept at most: far more Linear calls than one graph of a large model holds.
 const MAX_RECORDS: usize = 4096;
 
+/// Linear forwards that may decide to rotate from the rows the ranks last agreed before they
+/// agree again: an agreement synchronises every rank (about a millisecond with 4 processes on
+/// 2 cores, 3% of config A's step if every forward agreed), and rotation is right whatever
+/// the rows, so a stale figure costs at most a better choice for this many forwards. A
+/// forward that would route agrees every time: routing needs every rank's shape.
+pub(crate) const DECIDE_FROM_LAST: usize = 32;
+
 /// Identity of a tensor: the charge all its clones share.
 pub(crate) type Identity = Weak<Charge>;
 
@@ -86,6 +93,17 @@ pub(crate) type PeerInputs<B> = Arc<Vec<Option<Held<B>>>>;
 /// the rows `Routing::Auto` decides on. Linears fed the same `x`, and the backward, reuse them.
 pub(crate) type WorldDims = Arc<Vec<Vec<usize>>>;
 
+/// What the ranks knew alike when a Linear forward that may route decided its pass: every
+/// rank's input shape, where they exchanged them, and the rows per rank the pass was decided
+/// on. Every rank holds the same, so the backward decides alike from it.
+#[derive(Debug, Clone)]
+pub(crate) struct Agreed {
+    /// Every rank's shape of `x`, where the forward agreed them.
+    pub world: Option<WorldDims>,
+    /// Rows per rank (the mean over ranks) the forward decided on.
+    pub rows: f64,
+}
+
 /// What one Linear forward leaves for its backward.
 pub(crate) struct Forward<B: Backend> {
     weight: Identity,
@@ -94,8 +112,8 @@ pub(crate) struct Forward<B: Backend> {
     x: Option<Held<B>>,
     /// The peers' `x`, when the forward routed them here; released with `x`.
     peer_x: Option<PeerInputs<B>>,
-    /// Every rank's shape of `x`, where the strategy may route and so agreed them.
-    world: Option<WorldDims>,
+    /// What the ranks agreed for this forward, where the strategy may route.
+    agreed: Option<Agreed>,
     /// Shape of `x`.
     x_dims: Vec<usize>,
     /// Logical shape of the weight.
@@ -116,7 +134,7 @@ impl<B: Backend> Forward<B> {
             x_id: x.identity(),
             x: keep_x.then(|| x.keep()),
             peer_x: None,
-            world: None,
+            agreed: None,
             x_dims: x.dims(),
             weight_dims: weight.dims(),
             weight_layout: weight.layout().clone(),
@@ -136,9 +154,9 @@ impl<B: Backend> Forward<B> {
         self.x.as_ref().and(self.peer_x.clone())
     }
 
-    /// Every rank's shape of `x`, if the forward agreed them.
-    pub fn world(&self) -> Option<WorldDims> {
-        self.world.clone()
+    /// What the ranks agreed for this forward, if it may have routed.
+    pub fn agreed(&self) -> Option<Agreed> {
+        self.agreed.clone()
     }
 }
 
@@ -158,8 +176,8 @@ pub(crate) struct Deferred<B: Backend> {
     /// Layout of the weight of that forward, when dX was computed without `x` (a released
     /// input): the weight's call computes dW by it.
     pub weight_layout: Option<Layout>,
-    /// Every rank's shape of that forward's `x`, if it agreed them.
-    world: Option<WorldDims>,
+    /// What the ranks agreed for that forward, if it may have routed.
+    agreed: Option<Agreed>,
 }
 
 impl<B: Backend> Deferred<B> {
@@ -173,13 +191,12 @@ impl<B: Backend> Deferred<B> {
             db: None,
             bias_layout,
             weight_layout: None,
-            world: None,
+            agreed: None,
         }
     }
 
     /// What a dX pass without the forward's `x` leaves for the calls that follow with the
-    /// same `dy`: the layouts of that forward's weight and bias, and the shapes its ranks
-    /// agreed.
+    /// same `dy`: the layouts of that forward's weight and bias, and what its ranks agreed.
     pub fn layouts(dy: Identity, guess: Guess<B>) -> Self {
         Self {
             x: None,
@@ -189,14 +206,14 @@ impl<B: Backend> Deferred<B> {
             db: None,
             bias_layout: guess.bias_layout,
             weight_layout: Some(guess.weight_layout),
-            world: guess.world,
+            agreed: guess.agreed,
         }
     }
 }
 
 /// What a weight's call claims after a dX pass without `x`: the forward's weight and bias
-/// layouts, and the shapes its ranks agreed.
-pub(crate) type Claimed = (Layout, Option<Layout>, Option<WorldDims>);
+/// layouts, and what its ranks agreed.
+pub(crate) type Claimed = (Layout, Option<Layout>, Option<Agreed>);
 
 /// What `linear_x_backward` found for its weight and `dy`.
 pub(crate) struct Guess<B: Backend> {
@@ -208,8 +225,8 @@ pub(crate) struct Guess<B: Backend> {
     pub bias_layout: Option<Layout>,
     /// The peers' inputs the forward routed to this rank, if it routed them and holds `x`.
     pub peer_x: Option<PeerInputs<B>>,
-    /// Every rank's shape of the forward's `x`, if it agreed them.
-    pub world: Option<WorldDims>,
+    /// What the ranks agreed for the forward, if it may have routed.
+    pub agreed: Option<Agreed>,
 }
 
 /// One rank's forward records and deferred gradients.
@@ -238,6 +255,27 @@ pub(crate) struct LinearRecords<B: Backend> {
     /// The weight shapes whose Linear backward ran as two passes (dX, then dW on its own),
     /// because autodiff recomputed the input: the planner's probe reads them.
     pub(crate) split_passes: Mutex<Vec<Vec<usize>>>,
+    /// The rows per rank the ranks last agreed, and how many forwards have decided from
+    /// them since (see [`LinearRecords::recent_rows`]).
+    last_rows: Mutex<Option<(f64, usize)>>,
+    /// Whether the Linear forwards are noted, for the memory planner's probe.
+    observing: AtomicBool,
+    /// The Linear forwards noted since the last optimizer step, and those of the step before.
+    calls: Mutex<(Vec<LinearCall>, Vec<LinearCall>)>,
+}
+
+/// One Linear forward with a sharded weight, as the memory planner's probe saw it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct LinearCall {
+    /// Rows of the input.
+    pub rows: usize,
+    /// The weight's input features.
+    pub d_in: usize,
+    /// The weight's output features.
+    pub d_out: usize,
+    /// Whether an earlier forward took the same input (attention's key and value after its
+    /// query): routed, it sends and keeps no input of its own.
+    pub shares_x: bool,
 }
 
 impl<B: Backend> Default for LinearRecords<B> {
@@ -246,6 +284,9 @@ impl<B: Backend> Default for LinearRecords<B> {
             pairing: Mutex::new(Pairing::default()),
             inputs_held: AtomicBool::new(false),
             split_passes: Mutex::new(Vec::new()),
+            last_rows: Mutex::new(None),
+            observing: AtomicBool::new(false),
+            calls: Mutex::new((Vec::new(), Vec::new())),
         }
     }
 }
@@ -257,6 +298,55 @@ impl<B: Backend> LinearRecords<B> {
         pairing.record(forward);
         self.inputs_held
             .store(pairing.release_inputs(), Ordering::Release);
+    }
+
+    /// The rows per rank the ranks last agreed, for a forward to decide from without
+    /// agreeing, while fewer than [`DECIDE_FROM_LAST`] forwards have done so; each call
+    /// counts as one. Every rank runs the same forwards, so every rank gets the same answer.
+    pub(crate) fn recent_rows(&self) -> Option<f64> {
+        let mut last = self.last_rows.lock().unwrap();
+        let (rows, used) = last.as_mut()?;
+        if *used >= DECIDE_FROM_LAST {
+            return None;
+        }
+        *used += 1;
+        Some(*rows)
+    }
+
+    /// Starts noting the Linear forwards (the memory planner's probe).
+    pub(crate) fn observe(&self) {
+        self.observing.store(true, Ordering::Release);
+    }
+
+    /// Notes a Linear forward, while observing.
+    pub(crate) fn note(&self, call: impl FnOnce() -> LinearCall) {
+        if self.observing.load(Ordering::Acquire) {
+            self.calls.lock().unwrap().0.push(call());
+        }
+    }
+
+    /// Marks the end of a training step: its forwards become the last step's.
+    pub(crate) fn end_step(&self) {
+        if self.observing.load(Ordering::Acquire) {
+            let mut calls = self.calls.lock().unwrap();
+            calls.1 = std::mem::take(&mut calls.0);
+        }
+    }
+
+    /// The Linear forwards of the last training step (or, without an optimizer step, all
+    /// those noted).
+    pub(crate) fn observed(&self) -> Vec<LinearCall> {
+        let calls = self.calls.lock().unwrap();
+        if calls.1.is_empty() {
+            calls.0.clone()
+        } else {
+            calls.1.clone()
+        }
+    }
+
+    /// Notes the rows per rank the ranks just agreed.
+    pub(crate) fn agreed_rows(&self, rows: f64) {
+        *self.last_rows.lock().unwrap() = Some((rows, 0));
     }
 
     /// Lets the records go of inputs nothing else holds; skipped while the rank is inside a
@@ -352,7 +442,7 @@ impl<B: Backend> Pairing<B> {
             weight_layout: f.weight_layout.clone(),
             bias_layout: f.bias_layout.clone(),
             peer_x: f.peer_x(),
-            world: f.world(),
+            agreed: f.agreed(),
         })
     }
 
@@ -365,28 +455,33 @@ impl<B: Backend> Pairing<B> {
             .find_map(Forward::peer_x)
     }
 
+    /// Whether a forward before the newest took this same `x`.
+    pub fn x_seen_before(&self, x: &Identity) -> bool {
+        self.forwards.iter().filter(|f| same(&f.x_id, x)).count() > 1
+    }
+
     /// Every rank's shape of `x`, as a forward of this same `x` agreed them (attention's
     /// query, key and value share one agreement).
     pub fn world_of(&mut self, x: &Identity) -> Option<WorldDims> {
         (self.forwards.iter().rev())
             .filter(|f| same(&f.x_id, x))
-            .find_map(Forward::world)
+            .find_map(|f| f.agreed.as_ref()?.world.clone())
     }
 
-    /// Leaves in the newest record of `x` through `weight` (the one that forward made) every
-    /// rank's shape of `x`, and the peers' inputs a routed forward received (while the record
+    /// Leaves in the newest record of `x` through `weight` (the one that forward made) what
+    /// the ranks agreed, and the peers' inputs a routed forward received (while the record
     /// holds `x`).
     pub fn keep_routing(
         &mut self,
         x: &Identity,
         weight: &Identity,
-        world: WorldDims,
+        agreed: Agreed,
         peer_x: Option<PeerInputs<B>>,
     ) {
         let newest =
             (self.forwards.iter_mut().rev()).find(|f| same(&f.x_id, x) && same(&f.weight, weight));
         if let Some(f) = newest {
-            f.world = Some(world);
+            f.agreed = Some(agreed);
             if f.x.is_some() {
                 f.peer_x = peer_x;
             }
@@ -428,14 +523,14 @@ impl<B: Backend> Pairing<B> {
     }
 
     /// For `linear_weight_backward(x, dy)` after a dX pass without `x`: the layouts of the
-    /// weight and bias of the forward `dy` belongs to, and the shapes its ranks agreed.
+    /// weight and bias of the forward `dy` belongs to, and what its ranks agreed.
     pub fn claim_layouts(&mut self, dy: &impl Operand<B>) -> Option<Claimed> {
         let d = self.deferred.as_ref()?;
         if !same(&d.dy, &dy.identity()) {
             return None;
         }
         let weight = d.weight_layout.clone()?;
-        let claimed = (weight, d.bias_layout.clone(), d.world.clone());
+        let claimed = (weight, d.bias_layout.clone(), d.agreed.clone());
         self.deferred = None;
         Some(claimed)
     }

@@ -68,14 +68,13 @@ named!(RotationMode, "rotation mode", {
 #[serde(rename_all = "kebab-case")]
 pub enum Routing {
     /// The weight shards rotate around the ring while each rank computes on its own tokens.
-    #[default]
     Weights,
     /// Each rank's activations go to every shard's owner, which computes that shard's columns
     /// for every rank and sends them back; no weight leaves its owner. The owner keeps the
     /// inputs it received until the backward, which computes dW from them: each input
     /// travels once per step (Linears fed the same input share it; an input that activation
     /// checkpointing released travels again), and an owner holds `N - 1` peers' inputs
-    /// beside its own as activations, which the memory planner does not model. Ranks may pass
+    /// beside its own as activations (the memory planner adds them). Ranks may pass
     /// a Linear different numbers of rows (an uneven last batch): they agree their input
     /// shapes in one small all-gather per Linear input, which the backward reuses.
     Activations,
@@ -85,8 +84,13 @@ pub enum Routing {
     /// `dy`'s columns, the dX partials back and `x` for dW unless the forward routed it),
     /// with a margin of 1.25 in rotation's favour (its transfers hide behind compute;
     /// routing's wait).
-    /// Every rank decides on the mean of the rows the ranks agreed (as under `Activations`),
-    /// so ranks with uneven batches take the same schedule.
+    /// Every rank decides on the mean of the rows the ranks agreed, so ranks with uneven
+    /// batches take the same schedule. A forward may decide to rotate from the rows last
+    /// agreed, for up to 32 forwards, without agreeing again (rotation is right whatever the
+    /// rows, and an agreement synchronises every rank); a pass that routes agrees the shapes.
+    /// The default: it rotates where the tokens outweigh the weights (training at large
+    /// batches) and routes where they do not (small batches, fine-tuning, generation).
+    #[default]
     Auto,
 }
 
@@ -313,7 +317,7 @@ impl RtpConfig {
             world_size,
             strategy: Strategy::Rtp,
             rotation: RotationMode::OutOfPlace,
-            routing: Routing::Weights,
+            routing: Routing::Auto,
             shard_threshold: DEFAULT_SHARD_THRESHOLD,
             peer_timeout: Duration::from_secs(120),
             gather_fallback: true,

@@ -359,6 +359,9 @@ where
         if let Some(l) = &ledger {
             l.end_phase(Phase::Update);
         }
+        if let Some(ctx) = &ctx {
+            ctx.linear.end_step();
+        }
         module
     }
 

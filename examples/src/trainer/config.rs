@@ -96,7 +96,7 @@ impl TrainConfig {
             strategy,
             ranks,
             rotation: RotationMode::OutOfPlace,
-            routing: Routing::Weights,
+            routing: Routing::Auto,
             steps: 500,
             batch: 32,
             model: GptConfig::new(64, 96, 2, 4),

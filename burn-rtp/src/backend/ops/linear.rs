@@ -4,12 +4,13 @@
 //! A pass the rank's strategy routes (`Routing`) moves the activations instead, with the same
 //! arguments and results (`routed.rs`).
 
+use super::route_choice::{decide, mean_rows, with_last, FromForward};
 use super::weights::{
     broadcastable, gather_unit, local, mean_over_ranks, reduce_scatter_full, use_of, use_of_layout,
     WeightUse,
 };
 use super::{full_inner, unary, Float};
-use crate::backend::pairing::{Deferred, Forward, Guess, Identity, PeerInputs, WorldDims};
+use crate::backend::pairing::{Agreed, Deferred, Forward, Guess, Identity, LinearCall, WorldDims};
 use crate::backend::rank::RankCtx;
 use crate::backend::strategy::LinearPass;
 use crate::backend::tensor::RtpTensor;
@@ -48,56 +49,11 @@ fn pack_for_pass<B: RotationKernels>(
     (packed, charge)
 }
 
-/// What a forward that may have routed left for its backward pass.
-struct FromForward<B: Backend> {
-    /// The peers' inputs on this rank as their owner, where the forward routed and kept them.
-    peer_x: Option<PeerInputs<B>>,
-    /// Every rank's shape of the forward's `x`, where the ranks agreed them.
-    world: Option<WorldDims>,
-}
-
-impl<B: Backend> FromForward<B> {
-    /// Nothing known from a forward: a pass that may route agrees the shapes itself.
-    fn none() -> Self {
-        Self {
-            peer_x: None,
-            world: None,
-        }
-    }
-}
-
-/// `dims` with its last dimension replaced by `last`.
-pub(super) fn with_last(dims: &[usize], last: usize) -> Vec<usize> {
-    let mut dims = dims.to_vec();
-    let n = dims.len();
-    dims[n - 1] = last;
-    dims
-}
-
-/// Every rank's input shape for a pass, where the strategy may route it: `known` from the
-/// forward, else agreed now from this rank's `own()` input shape. Every rank runs the same
-/// graph, so every rank finds (or agrees) them at the same passes.
-fn world_dims<B: RotationKernels>(
-    ctx: &RankCtx<B>,
-    known: Option<WorldDims>,
-    own: impl FnOnce() -> Vec<usize>,
-) -> Option<WorldDims> {
-    if !ctx.may_route() {
-        return None;
-    }
-    Some(known.unwrap_or_else(|| super::routed::agree_dims(ctx, &own())))
-}
-
-/// Rows per rank that decide a pass: the mean over every rank's input where the ranks agreed
-/// their shapes (so every rank decides alike), else this rank's `own`.
-fn rows_per_rank<B: Backend>(ctx: &RankCtx<B>, world: Option<&WorldDims>, own: usize) -> f64 {
-    match world {
-        Some(world) => {
-            let rows = |d: &Vec<usize>| d[..d.len() - 1].iter().product::<usize>();
-            world.iter().map(rows).sum::<usize>() as f64 / ctx.comm.world_size as f64
-        }
-        None => own as f64,
-    }
+/// Every rank's input shape, which a pass `decide` routed has.
+fn routed_world(agreed: Option<Agreed>) -> WorldDims {
+    agreed
+        .and_then(|a| a.world)
+        .expect("a routed pass agreed every rank's input shape")
 }
 
 /// What one backward pass produced.
@@ -115,7 +71,7 @@ pub(super) struct Grads<B: Backend> {
 /// `bias` the column sums of `dy_j` travel with it (db). Any subset works; with nothing to
 /// rotate or carry it is not called. A pass the strategy routes goes to `routed.rs` instead;
 /// `peer_x`, the peers' inputs a routed forward of this `x` left here, spares it sending `x`,
-/// and `world`, the input shapes the forward's ranks agreed, spares agreeing them again.
+/// and what the forward's ranks agreed decides the pass without agreeing again.
 fn backward_pass<B: RotationKernels>(
     ctx: &Arc<RankCtx<B>>,
     spec: &ShardSpec,
@@ -125,22 +81,21 @@ fn backward_pass<B: RotationKernels>(
     bias: Option<ShardSpec>,
     from_forward: FromForward<B>,
 ) -> Grads<B> {
-    let FromForward { peer_x, world } = from_forward;
+    let FromForward { peer_x, agreed } = from_forward;
     let peer_x = peer_x.filter(|_| x.is_some());
     let d_in = spec.full[0];
-    let world = world_dims(ctx, world, || with_last(&dy.shape().to_vec(), d_in));
     let pass = LinearPass {
-        rows: rows_per_rank(
-            ctx,
-            world.as_ref(),
-            dy.shape().num_elements() / spec.last().max(1),
-        ),
+        rows: 0.0,
         d_in,
         d_out: spec.last(),
         backward: Some((weight.is_some(), x.is_some())),
         x_on_owners: peer_x.is_some(),
     };
-    if let Some(world) = world.filter(|_| ctx.routes_activations(&pass)) {
+    let (routes, agreed) = decide(ctx, pass, agreed, false, || {
+        with_last(&dy.shape().to_vec(), d_in)
+    });
+    if routes {
+        let world = routed_world(agreed);
         let x = x.map(|x| super::routed::Input { x, peer_x });
         return super::routed::backward_pass(ctx, spec, weight, x, dy, bias, &world);
     }
@@ -294,32 +249,43 @@ fn rotated_forward<B: RotationKernels>(
     };
     let with_bias = bundle.len() == 2;
     let (x_id, weight_id) = ids;
+    ctx.linear.note(|| LinearCall {
+        rows: x.shape().num_elements() / d_in.max(1),
+        d_in,
+        d_out: spec.last(),
+        shares_x: ctx.linear.pairing.lock().unwrap().x_seen_before(&x_id),
+    });
     let (kept, known) = if ctx.may_route() {
         let mut pairing = ctx.linear.pairing.lock().unwrap();
         (pairing.peer_x_of(&x_id), pairing.world_of(&x_id))
     } else {
         (None, None)
     };
-    let world = world_dims(ctx, known, || x.shape().to_vec());
+    let known = known.map(|world| Agreed {
+        rows: mean_rows(&world),
+        world: Some(world),
+    });
     let pass = LinearPass {
-        rows: rows_per_rank(ctx, world.as_ref(), x.shape().num_elements() / d_in.max(1)),
+        rows: 0.0,
         d_in,
         d_out: spec.last(),
         backward: None,
         x_on_owners: kept.is_some(),
     };
-    // The record keeps the agreed shapes for the backward and for Linears fed this `x`.
-    let keep = |world, peer_x| {
+    let (routes, agreed) = decide(ctx, pass, known, true, || x.shape().to_vec());
+    // The record keeps what was agreed, for the backward and for Linears fed this `x`.
+    let keep = |agreed, peer_x| {
         let mut pairing = ctx.linear.pairing.lock().unwrap();
-        pairing.keep_routing(&x_id, &weight_id, world, peer_x);
+        pairing.keep_routing(&x_id, &weight_id, agreed, peer_x);
     };
-    if let Some(world) = world {
-        if ctx.routes_activations(&pass) {
-            let (y, peer_x) = super::routed::forward(ctx, &x, kept, bundle, &spec, &world);
-            keep(world, Some(peer_x));
-            return add_late_bias(y.into_local(ctx.clone()), late_bias, ndims);
-        }
-        keep(world, None);
+    if routes {
+        let world = routed_world(agreed.clone());
+        let (y, peer_x) = super::routed::forward(ctx, &x, kept, bundle, &spec, &world);
+        keep(agreed.expect("a routed pass agreed"), Some(peer_x));
+        return add_late_bias(y.into_local(ctx.clone()), late_bias, ndims);
+    }
+    if let Some(agreed) = agreed {
+        keep(agreed, None);
     }
     let y = kernels::output_for_columns::<B>(&x.get(), spec.last());
     let (packed, packed_charge) = pack_for_pass(ctx, &x.get(), kernels::XUse::Forward);
@@ -404,7 +370,7 @@ pub(super) fn x_backward<B: RotationKernels>(
                 // and the layouts for the weight's call, which sends dW around on its own.
                 let routing = FromForward {
                     peer_x: None,
-                    world: guess.world.clone(),
+                    agreed: guess.agreed.clone(),
                 };
                 let g = backward_pass(&ctx, &spec, w, None, &dy, None, routing);
                 leave_layouts(dy_id, guess);
@@ -419,7 +385,7 @@ pub(super) fn x_backward<B: RotationKernels>(
             let bias = travelling_bias(&bias_layout);
             let routing = FromForward {
                 peer_x: guess.peer_x,
-                world: guess.world,
+                agreed: guess.agreed,
             };
             let g = backward_pass(&ctx, &spec, w, Some(x), &dy, bias, routing);
             let mut deferred = Deferred::new(x_id, dy_id, bias_layout);
@@ -449,10 +415,10 @@ pub(super) fn weight_backward<B: RotationKernels>(
         return RtpTensor::from_placed(ctx, dw);
     }
     let (layouts, routing) = match pairing.claim_layouts(&dy) {
-        Some((weight, bias, world)) => {
+        Some((weight, bias, agreed)) => {
             let routing = FromForward {
                 peer_x: None,
-                world,
+                agreed,
             };
             (Some((weight, bias)), routing)
         }
@@ -460,7 +426,7 @@ pub(super) fn weight_backward<B: RotationKernels>(
             Some(f) => {
                 let routing = FromForward {
                     peer_x: f.peer_x(),
-                    world: f.world(),
+                    agreed: f.agreed(),
                 };
                 (Some((f.weight_layout, f.bias_layout)), routing)
             }

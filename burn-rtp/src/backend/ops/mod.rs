@@ -30,6 +30,7 @@ mod linear;
 mod module;
 mod qtensor;
 mod reduce;
+mod route_choice;
 mod routed;
 mod transaction;
 mod weights;

@@ -26,12 +26,12 @@
 //! rank's own.
 //!
 //! Ranks may pass the Linear different numbers of rows (an uneven last batch): before a pass
-//! that may route, the ranks agree every rank's input shape in one small all-gather
-//! ([`agree_dims`]), so each expects its peers' own shapes and `Routing::Auto` decides every
-//! rank's pass from the same rows. The forward's record keeps the agreement for the backward
-//! and for Linears fed the same `x`, so a block agrees once per input, not once per pass.
+//! routes, the ranks agree every rank's input shape in one small all-gather ([`agree_dims`]),
+//! so each expects its peers' own shapes. The forward's record keeps the agreement for the
+//! backward and for Linears fed the same `x`; when a pass routes is `route_choice`'s to say.
 
-use super::linear::{with_last, Grads};
+use super::linear::Grads;
+use super::route_choice::with_last;
 use super::weights::mean_over_ranks;
 use super::Float;
 use crate::backend::pairing::{PeerInputs, WorldDims};

@@ -114,6 +114,8 @@ pub(crate) struct ModelShapes<'a> {
     pub(crate) bucket_bytes: usize,
     /// The weights whose backward runs as two passes (their input recomputed).
     pub(crate) split: &'a [Shape],
+    /// The weights whose every pass routes its activations (RTP): none of them rotates.
+    pub(crate) routed: &'a [Shape],
 }
 
 impl ModelShapes<'_> {

@@ -27,9 +27,11 @@ impl Rules for Rtp {
     fn in_flight(&self, model: &ModelShapes<'_>, world: usize) -> Buffers {
         let shard = |s: &Shape| model.shard(s, world);
         let is_split = |s: &Shape| model.split.contains(s);
-        let bundle = model.largest_bundle(self, world, &shard, &|_| true);
-        let whole = model.largest_bundle(self, world, &shard, &|s| !is_split(s));
-        let halves = model.largest_bundle(self, world, &shard, &is_split);
+        // Weights whose every pass routes its activations stay home.
+        let rotates = |s: &Shape| !model.routed.contains(s);
+        let bundle = model.largest_bundle(self, world, &shard, &rotates);
+        let whole = model.largest_bundle(self, world, &shard, &|s| rotates(s) && !is_split(s));
+        let halves = model.largest_bundle(self, world, &shard, &|s| rotates(s) && is_split(s));
         // Forward: the bundle computed on and the next one arriving. Backward: those two, the
         // travelling gradient and the next one; at N = 2 the first bundle on hand is the
         // rank's own (model state). With rendezvous sends (the in-process default, and MPI's
@@ -75,6 +77,18 @@ pub(crate) fn elements_moved(pass: &LinearPass, world: usize) -> (f64, f64) {
     }
 }
 
+/// Whether `pass` routes its activations under `routing` over `world` ranks.
+pub(crate) fn routes(routing: Routing, pass: &LinearPass, world: usize) -> bool {
+    match routing {
+        Routing::Weights => false,
+        Routing::Activations => true,
+        Routing::Auto => {
+            let (rotate, route) = elements_moved(pass, world);
+            route * AUTO_MARGIN < rotate
+        }
+    }
+}
+
 /// One rank's RTP: what moves for a sharded Linear.
 pub(crate) struct RtpRank {
     /// The weights (rotation), the activations, or per pass whichever weighs less.
@@ -93,13 +107,6 @@ impl<B: Backend> RankStrategy<B> for RtpRank {
     }
 
     fn routes_activations(&self, pass: &LinearPass) -> bool {
-        match self.routing {
-            Routing::Weights => false,
-            Routing::Activations => true,
-            Routing::Auto => {
-                let (rotate, route) = elements_moved(pass, self.world);
-                route * AUTO_MARGIN < rotate
-            }
-        }
+        routes(self.routing, pass, self.world)
     }
 }

@@ -53,6 +53,7 @@ fn in_flight_bytes_follow_each_strategys_rule() {
         threshold: 0,
         bucket_bytes,
         split,
+        routed: &[],
     };
     let rtp = rules(Strategy::Rtp).in_flight(&model(0, &[]), 4);
     assert_eq!((rtp.forward, rtp.backward), (2 * 27 * 4, 4 * 27 * 4));
@@ -60,6 +61,14 @@ fn in_flight_bytes_follow_each_strategys_rule() {
     let split = [shape(&[8, 12])];
     let rtp_split = rules(Strategy::Rtp).in_flight(&model(0, &split), 4);
     assert_eq!(rtp_split.backward, 2 * 27 * 4);
+    // Weights whose every pass routes stay home: all three do here, so nothing rotates.
+    let routed = [shape(&[8, 12])];
+    let stay = ModelShapes {
+        routed: &routed,
+        ..model(0, &[])
+    };
+    let none = rules(Strategy::Rtp).in_flight(&stay, 4);
+    assert_eq!((none.forward, none.backward), (0, 0));
     let fsdp = rules(Strategy::Fsdp).in_flight(&model(0, &[]), 4);
     // (2 - 1/4) whole bundles, and the third weight's gather ahead.
     assert_eq!(

@@ -28,6 +28,13 @@
 //!   with every bucketed gradient's sum beside the gradient, and `1/N` of the last bucket in
 //!   flight; without buckets it all-reduces one gradient at a time in chunks of `1/N`, one
 //!   chunk in flight, into a full-size sum.
+//! * **Routed activations** (RTP under [`Routing::Activations`], or where [`Routing::Auto`]
+//!   routes; [`PlanConfig::with_routing`]): the probe notes every Linear forward of its last
+//!   step, and each pass at `N` is decided as the ranks decide it. A routed forward's owner
+//!   keeps its `N - 1` peers' inputs until the backward (added to the activations); a routed
+//!   pass holds the column blocks or dX partials it computes for every rank and those it
+//!   receives (added to the buffers); a weight whose every pass routes leaves rotation's
+//!   buffers. `routing.rs` has the rules.
 //! * **The peak of the sum**, phase by phase. The probe records what the highest peak of
 //!   the forward and backward passes, and of the optimizer's update, were made of at N = 1
 //!   ([`RtpOptimizer`](crate::RtpOptimizer) marks the phases): model state in parameter
@@ -45,7 +52,11 @@
 //! under to 4.6% over, under at 36 of the 48. That is the claim the measurements support:
 //! within about 5% of the ledger's peak, either side, on that grid; a model, batch or world
 //! outside it can fall further. With balanced activation checkpointing (the report's
-//! activation section, the same grid) the peak fell from 8.2% under to 4.7% over.
+//! activation section, the same grid) the peak fell from 8.2% under to 4.7% over. With the
+//! activations routed, `tests/plan.rs` holds the tests' MLP and LM at N = 2, 3 and 4 within
+//! 10% under `Auto`; routing every pass, the LM's peak is over-predicted by up to 15% (the
+//! largest routed backward's buffers are added to every activation alive at the backward's
+//! start).
 //!
 //! The prediction is of bytes alive; allocator overhead (the resident set) is not modelled.
 //! The operating system's figure for a process (its peak resident set) adds the program's
@@ -72,11 +83,14 @@
 
 mod predict;
 mod probe;
+mod routing;
+
+pub use routing::linear_routes;
 
 use crate::backend::device::RtpDevice;
 use crate::backend::strategy::{placement, rules, ModelShapes};
 use crate::config::{
-    ActivationCheckpointing, RotationMode, RtpConfig, Strategy, DEFAULT_SHARD_THRESHOLD,
+    ActivationCheckpointing, RotationMode, Routing, RtpConfig, Strategy, DEFAULT_SHARD_THRESHOLD,
 };
 use crate::state::accounting::{human_bytes, MemoryStats};
 use crate::state::sharding::ShardSpec;
@@ -97,6 +111,8 @@ pub struct PlanConfig {
     pub probe_batches: (usize, usize),
     /// DDP's gradient bucket size (as [`RtpConfig::with_ddp_bucket_bytes`]; 0: no buckets).
     pub ddp_bucket_bytes: usize,
+    /// What moves for a sharded Linear under RTP (as [`RtpConfig::with_routing`]).
+    pub routing: Routing,
 }
 
 impl Default for PlanConfig {
@@ -106,6 +122,7 @@ impl Default for PlanConfig {
             optimizer_copies: 2,
             probe_batches: (1, 2),
             ddp_bucket_bytes: crate::config::DEFAULT_DDP_BUCKET_BYTES,
+            routing: Routing::default(),
         }
     }
 }
@@ -120,6 +137,14 @@ impl PlanConfig {
     /// Sets DDP's gradient bucket size the planned runs will use.
     pub fn with_ddp_bucket_bytes(mut self, bytes: usize) -> Self {
         self.ddp_bucket_bytes = bytes;
+        self
+    }
+
+    /// Sets what moves for a sharded Linear in the planned RTP runs: routed activations add
+    /// the inputs their owners keep, and a weight whose every pass routes leaves rotation's
+    /// buffers (see the module docs).
+    pub fn with_routing(mut self, routing: Routing) -> Self {
+        self.routing = routing;
         self
     }
 
@@ -197,6 +222,8 @@ pub struct Prediction {
     pub strategy: Strategy,
     /// The rotation mode (RTP only).
     pub rotation: RotationMode,
+    /// What moves for a sharded Linear (RTP only).
+    pub routing: Routing,
     /// Whether activations are recomputed in the backward pass.
     pub activation_checkpointing: ActivationCheckpointing,
     /// Ranks.
@@ -214,11 +241,16 @@ pub struct Prediction {
 }
 
 impl Prediction {
-    /// `rtp (out-of-place)`, `fsdp`, `ddp`, with `, balanced checkpointing` when it is on.
+    /// `rtp (out-of-place)`, `fsdp`, `ddp`, with `, balanced checkpointing` when it is on;
+    /// RTP names its routing where it is not the default (`rtp (in-place, weights rotate)`).
     pub fn label(&self) -> String {
-        let strategy = match self.strategy {
-            Strategy::Rtp => format!("rtp ({})", self.rotation),
-            s => s.to_string(),
+        let strategy = match (self.strategy, self.routing) {
+            (Strategy::Rtp, Routing::Auto) => format!("rtp ({})", self.rotation),
+            (Strategy::Rtp, Routing::Weights) => format!("rtp ({}, weights rotate)", self.rotation),
+            (Strategy::Rtp, Routing::Activations) => {
+                format!("rtp ({}, activations routed)", self.rotation)
+            }
+            (s, _) => s.to_string(),
         };
         match self.activation_checkpointing {
             ActivationCheckpointing::None => strategy,
@@ -257,6 +289,8 @@ pub struct Planner {
     probes: Probes,
     /// The weights whose backward the probe saw run as two passes (see [`Self::buffers`]).
     split: Vec<Shape>,
+    /// The Linear forwards of the probe's last step, for routing (`routing.rs`).
+    calls: Vec<routing::ProbedCall>,
     /// The probes under balanced activation checkpointing, once taken, and their split
     /// weights.
     checkpointed: Option<(Probes, Vec<Shape>)>,

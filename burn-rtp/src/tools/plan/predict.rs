@@ -29,12 +29,19 @@ impl Planner {
     /// Rank 0's in-flight bytes at the two moments that can make the peak (see the module
     /// docs for the rule of each strategy), without activation checkpointing.
     pub fn buffers(&self, strategy: Strategy, world: usize) -> Buffers {
-        self.buffers_of(strategy, world, &self.split)
+        self.buffers_of(strategy, world, &self.split, &[])
     }
 
     /// [`Self::buffers`] where the weights of shapes `split` run their backward as two
-    /// passes (dX with the weight rotating, then dW travelling on its own), as the probe saw.
-    fn buffers_of(&self, strategy: Strategy, world: usize, split: &[Shape]) -> Buffers {
+    /// passes (dX with the weight rotating, then dW travelling on its own), as the probe saw,
+    /// and those of shapes `routed` never rotate (every pass of theirs routes).
+    fn buffers_of(
+        &self,
+        strategy: Strategy,
+        world: usize,
+        split: &[Shape],
+        routed: &[Shape],
+    ) -> Buffers {
         if world == 1 {
             return Buffers::default();
         }
@@ -44,6 +51,7 @@ impl Planner {
             threshold: self.config.shard_threshold,
             bucket_bytes: self.config.ddp_bucket_bytes,
             split,
+            routed,
         };
         rules(strategy).in_flight(&model, world)
     }
@@ -91,7 +99,13 @@ impl Planner {
             (ActivationCheckpointing::Balanced, Some((_, split))) => split,
             _ => &self.split,
         };
-        let buffers = self.buffers_of(strategy, world, split);
+        let routed = self.routed(strategy, world, batch);
+        let rotating = self.buffers_of(strategy, world, split, &routed.weights);
+        let buffers = Buffers {
+            forward: rotating.forward.max(routed.forward),
+            backward: rotating.backward.max(routed.backward),
+            update: rotating.update,
+        };
         let share = params / self.param_bytes(Strategy::Ddp, 1).max(1) as f64;
         // The probe's local bytes at a batch of zero are weight-sized temporaries (gradient
         // contributions, gathered copies), which shrink with the rank's share of the model.
@@ -101,10 +115,13 @@ impl Planner {
                 .round() as u64
         };
         let resident = (params * (1 + self.config.optimizer_copies) as f64).round() as u64;
-        let activations = local(&probe.local_peak);
+        // The peers' inputs routed forwards left on their owners are alive from the end of
+        // the forward to the start of the backward.
+        let activations = local(&probe.local_peak) + routed.kept;
         let per_sample = (probe.local_peak.per_sample * batch as f64)
             .max(0.0)
-            .round() as u64;
+            .round() as u64
+            + routed.kept;
         // The three moments that can make the peak: the end of the forward pass (all
         // activations, the last layer's buffers), the start of the backward pass (the
         // activations without the weight-sized temporaries, the backward's buffers), and
@@ -117,6 +134,10 @@ impl Planner {
         Prediction {
             strategy,
             rotation,
+            routing: match strategy {
+                Strategy::Rtp => self.config.routing,
+                _ => Routing::Weights,
+            },
             activation_checkpointing: checkpointing,
             world,
             batch,

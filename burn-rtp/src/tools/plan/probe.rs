@@ -45,13 +45,14 @@ impl Planner {
         M: Module<B>,
         F: Fn(&RtpDevice<I>, usize) -> M + Send + Sync,
     {
-        let (shapes, elem, probes, split) = measure::<I, B, M, F>(&config, step)?;
+        let (shapes, elem, probes, split, calls) = measure::<I, B, M, F>(&config, step)?;
         Ok(Self {
             shapes,
             elem,
             config,
             probes,
             split,
+            calls,
             checkpointed: None,
         })
     }
@@ -114,7 +115,7 @@ impl Planner {
         M: Module<B>,
         F: Fn(&RtpDevice<I>, usize) -> M + Send + Sync,
     {
-        let (shapes, _, probes, split) = measure::<I, B, M, F>(&self.config, step)?;
+        let (shapes, _, probes, split, _) = measure::<I, B, M, F>(&self.config, step)?;
         if shapes != self.shapes {
             return Err(PlanError::Config(format!(
                 "the checkpointed probe built other parameters ({} shapes) than the first \
@@ -176,12 +177,19 @@ pub(super) fn pick(probes: &Probes, strategy: Strategy) -> Probe {
 }
 
 /// Runs the probe's steps for every strategy at both probe batches (see [`Planner::probe`]):
-/// the parameter shapes, their element size and each strategy's figures.
+/// the parameter shapes, their element size, each strategy's figures, the weights whose
+/// backward ran as two passes and RTP's Linear forwards of its last step at the larger batch.
 #[allow(clippy::type_complexity)]
 pub(super) fn measure<I, B, M, F>(
     config: &PlanConfig,
     step: F,
-) -> RtpResult<(Vec<Shape>, usize, Probes, Vec<Shape>)>
+) -> RtpResult<(
+    Vec<Shape>,
+    usize,
+    Probes,
+    Vec<Shape>,
+    Vec<routing::ProbedCall>,
+)>
 where
     I: Backend,
     B: Backend<Device = RtpDevice<I>>,
@@ -191,6 +199,7 @@ where
     let (b1, b2) = config.probe_batches;
     let mut shapes = None;
     let mut split: Vec<Shape> = Vec::new();
+    let mut calls = Vec::new();
     let mut probes = [Strategy::Rtp, Strategy::Fsdp, Strategy::Ddp].map(|s| (s, Probe::default()));
     for (strategy, probe) in probes.iter_mut() {
         let mut at = Vec::new();
@@ -202,6 +211,7 @@ where
             let step = &step;
             let mut out = crate::runtime::launch::launch::<I, _, _>(rtp, move |device| {
                 device.reset_memory_peak();
+                device.ctx.linear.observe();
                 let model = step(&device, batch);
                 let mut visitor = Shapes {
                     shapes: Vec::new(),
@@ -221,9 +231,16 @@ where
                     update,
                 };
                 let halves = device.ctx.linear.split_passes.lock().unwrap().clone();
-                (visitor.shapes, visitor.elem, measured, halves)
+                let calls = device.ctx.linear.observed();
+                (visitor.shapes, visitor.elem, measured, halves, calls)
             })?;
-            let (s, elem, measured, halves) = out.remove(0);
+            let (s, elem, measured, halves, seen) = out.remove(0);
+            if *strategy == Strategy::Rtp && batch == b2 {
+                calls = seen
+                    .iter()
+                    .map(|c| routing::ProbedCall::new(c, batch))
+                    .collect();
+            }
             for h in halves {
                 let h = Shape::from(h);
                 if !split.contains(&h) {
@@ -249,5 +266,5 @@ where
         };
     }
     let (shapes, elem) = shapes.expect("probed");
-    Ok((shapes, elem, probes, split))
+    Ok((shapes, elem, probes, split, calls))
 }
