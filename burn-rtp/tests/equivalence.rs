@@ -60,11 +60,20 @@ fn run_lm_with(config: RtpConfig) {
     }
 }
 
+/// RTP over `n` ranks with every parameter sharded, the weights rotating in `mode` (the
+/// default `Routing::Auto` routes the MLP's passes, where the rotation mode plays no part).
+fn rotating(n: usize, mode: RotationMode) -> RtpConfig {
+    RtpConfig::new(n)
+        .with_shard_threshold(0)
+        .with_rotation(mode)
+        .with_routing(Routing::Weights)
+}
+
 macro_rules! cases {
     ($($name:ident: $run:ident, $n:expr, $mode:expr;)*) => {
         $(#[test]
         fn $name() {
-            $run(RtpConfig::new($n).with_shard_threshold(0).with_rotation($mode));
+            $run(rotating($n, $mode));
         })*
 
         /// The same cases with buffered sends (a send completes at once, messages queue), the
@@ -75,7 +84,7 @@ macro_rules! cases {
             use super::*;
             $(#[test]
             fn $name() {
-                $run(buffered(RtpConfig::new($n).with_shard_threshold(0).with_rotation($mode)));
+                $run(buffered(rotating($n, $mode)));
             })*
 
             #[test]
@@ -109,6 +118,31 @@ cases! {
     lm_n8_in_place: run_lm_with, 8, RotationMode::InPlace;
 }
 
+/// Both models at N = 1, 2, 3, 4 and 8 under `$config(n)`, in-process and with buffered sends.
+macro_rules! world_cases {
+    ($config:ident) => {
+        world_cases!(@each $config;
+            mlp_n1: run_mlp_with, 1;
+            mlp_n2: run_mlp_with, 2;
+            mlp_n3: run_mlp_with, 3;
+            mlp_n4: run_mlp_with, 4;
+            mlp_n8: run_mlp_with, 8;
+            lm_n1: run_lm_with, 1;
+            lm_n2: run_lm_with, 2;
+            lm_n3: run_lm_with, 3;
+            lm_n4: run_lm_with, 4;
+            lm_n8: run_lm_with, 8;
+        );
+    };
+    (@each $config:ident; $($name:ident: $run:ident, $n:expr;)*) => {
+        $(#[test]
+        fn $name() {
+            $run($config($n));
+            $run(buffered($config($n)));
+        })*
+    };
+}
+
 /// Activation routing (the weights stay home, the activations travel) against single-device
 /// Burn, by the same standard as rotation, in-process and with buffered sends.
 mod routed {
@@ -120,28 +154,21 @@ mod routed {
             .with_routing(Routing::Activations)
     }
 
-    macro_rules! routed_cases {
-        ($($name:ident: $run:ident, $n:expr;)*) => {
-            $(#[test]
-            fn $name() {
-                $run(routed($n));
-                $run(buffered(routed($n)));
-            })*
-        };
+    world_cases!(routed);
+}
+
+/// RTP as configured by default (`Routing::Auto`: the MLP routes every pass, the LM rotates)
+/// against single-device Burn, by the same standard, in-process and with buffered sends.
+mod auto {
+    use super::*;
+
+    fn auto(n: usize) -> RtpConfig {
+        let config = RtpConfig::new(n).with_shard_threshold(0);
+        assert_eq!(config.routing, Routing::Auto, "the default");
+        config
     }
 
-    routed_cases! {
-        mlp_n1: run_mlp_with, 1;
-        mlp_n2: run_mlp_with, 2;
-        mlp_n3: run_mlp_with, 3;
-        mlp_n4: run_mlp_with, 4;
-        mlp_n8: run_mlp_with, 8;
-        lm_n1: run_lm_with, 1;
-        lm_n2: run_lm_with, 2;
-        lm_n3: run_lm_with, 3;
-        lm_n4: run_lm_with, 4;
-        lm_n8: run_lm_with, 8;
-    }
+    world_cases!(auto);
 }
 
 /// The two baselines run on the same machinery and must train identically too.

@@ -8,7 +8,7 @@
 mod common;
 
 use burn::backend::{Autodiff, Flex};
-use burn_rtp::{RotationMode, RtpConfig, Strategy};
+use burn_rtp::{RotationMode, Routing, RtpConfig, Strategy};
 use common::*;
 
 type Reference = Autodiff<Flex>;
@@ -43,7 +43,11 @@ macro_rules! cases {
     ($($name:ident: $which:expr, $n:expr, $mode:expr;)*) => {
         $(#[test]
         fn $name() {
-            let config = RtpConfig::new($n).with_shard_threshold(0).with_rotation($mode);
+            // The weights rotating in each mode (`Auto`, the default, routes the MLP).
+            let config = RtpConfig::new($n)
+                .with_shard_threshold(0)
+                .with_rotation($mode)
+                .with_routing(Routing::Weights);
             matches_single_flex($which, config);
         })*
     };
@@ -63,6 +67,16 @@ cases! {
     lm_n8_out_of_place: Which::Lm, 8, RotationMode::OutOfPlace;
     lm_n2_in_place: Which::Lm, 2, RotationMode::InPlace;
     lm_n4_in_place: Which::Lm, 4, RotationMode::InPlace;
+}
+
+/// RTP as configured by default (`Routing::Auto`) on Flex matches single-device Flex too.
+#[test]
+fn auto_matches_single_device() {
+    for n in [3, 4] {
+        for which in [Which::Mlp, Which::Lm] {
+            matches_single_flex(which, RtpConfig::new(n).with_shard_threshold(0));
+        }
+    }
 }
 
 /// DDP and FSDP on Flex match single-device Flex, and the three strategies agree with each

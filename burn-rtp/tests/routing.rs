@@ -137,14 +137,28 @@ fn auto_routes_the_small_batch_and_rotates_the_large_one() {
         let mlp = e(Which::Mlp, Routing::Auto);
         assert_eq!(mlp, e(Which::Mlp, Routing::Activations), "MLP N={n}");
         assert_ne!(mlp, e(Which::Mlp, Routing::Weights), "MLP N={n}");
-        let lm = e(Which::Lm, Routing::Auto);
-        let agreements = lm - e(Which::Lm, Routing::Weights);
+        let (auto, weights) = (
+            run(Which::Lm, n, Routing::Auto),
+            run(Which::Lm, n, Routing::Weights),
+        );
+        let agreements = auto[0].exchanges - weights[0].exchanges;
         let at_most = (7 * STEPS).div_ceil(33) as u64;
         assert!(
             (1..=at_most).contains(&agreements),
             "LM N={n}: {agreements} agreements of input shapes in {STEPS} steps"
         );
-        assert_ne!(lm, e(Which::Lm, Routing::Activations), "LM N={n}");
+        // Each agreement sends this rank's three input dimensions to each peer, and nothing
+        // else differs from rotation's messages.
+        assert_eq!(
+            auto[0].message_bytes,
+            weights[0].message_bytes + agreements * 3 * 4 * (n as u64 - 1),
+            "LM N={n}: bytes beside rotation's"
+        );
+        assert_ne!(
+            auto[0].exchanges,
+            e(Which::Lm, Routing::Activations),
+            "LM N={n}"
+        );
     }
 }
 
@@ -159,13 +173,21 @@ struct Uneven {
     message_bytes: u64,
 }
 
-/// Two sharded Linears (64 -> 96 -> 40, so the second one computes dX) on rank `r`'s `rows(r)`
-/// rows of a formula's inputs, forward and backward, at N = `n` under `routing`.
-fn uneven(n: usize, routing: Routing, rows: fn(usize) -> usize) -> Vec<Uneven> {
+/// Rows per rank: `(rank, world) -> rows`.
+type Rows = fn(usize, usize) -> usize;
+
+/// Two sharded Linears (64 -> 96 -> 40, so the second one computes dX, with a tanh between
+/// them that balanced checkpointing recomputes) on rank `r`'s `rows(r, n)` rows of a formula's
+/// inputs, forward and backward, at N = `n` under `routing`.
+fn uneven(n: usize, routing: Routing, rows: Rows) -> Vec<Uneven> {
+    uneven_with::<NoCheckpointing>(n, routing, rows)
+}
+
+fn uneven_with<C: CheckpointStrategy>(n: usize, routing: Routing, rows: Rows) -> Vec<Uneven> {
     use burn::nn::{Linear, LinearConfig};
     use burn::tensor::{Tensor, TensorData};
     use burn_rtp::{launch, Rtp};
-    type Dist = burn::backend::Autodiff<Rtp<NdArray>>;
+    type Dist<C> = burn::backend::Autodiff<Rtp<NdArray>, C>;
     let config = RtpConfig::new(n)
         .with_shard_threshold(0)
         .with_routing(routing);
@@ -176,7 +198,7 @@ fn uneven(n: usize, routing: Routing, rows: fn(usize) -> usize) -> Vec<Uneven> {
     let wave = |len: usize, k: f32| (0..len).map(|i| (i as f32 * k).sin()).collect::<Vec<_>>();
     launch(config, |device| {
         // Seeded weights, loaded as a record so that they shard like a model's.
-        let linear = |d_in: usize, d_out: usize, seed: u64| -> Linear<Dist> {
+        let linear = |d_in: usize, d_out: usize, seed: u64| -> Linear<Dist<C>> {
             let seeded = seeded(
                 LinearConfig::new(d_in, d_out).init::<NdArray>(&Default::default()),
                 seed,
@@ -188,9 +210,9 @@ fn uneven(n: usize, routing: Routing, rows: fn(usize) -> usize) -> Vec<Uneven> {
             )
         };
         let (fc1, fc2) = (linear(64, 96, SEED), linear(96, 40, SEED + 1));
-        let r = rows(device.rank());
+        let r = rows(device.rank(), n);
         let x = TensorData::new(wave(r * 64, 0.7 + device.rank() as f32), [r, 64]);
-        let x = Tensor::<Dist, 2>::from_data(x, &device).require_grad();
+        let x = Tensor::<Dist<C>, 2>::from_data(x, &device).require_grad();
         let (exchanges, message_bytes) = (device.exchanges(), device.message_bytes());
         let out = fc2.forward(fc1.forward(x.clone()).tanh());
         let grads = out.clone().powf_scalar(2.0).sum().backward();
@@ -206,17 +228,29 @@ fn uneven(n: usize, routing: Routing, rows: fn(usize) -> usize) -> Vec<Uneven> {
     .expect("ranks with uneven batches run")
 }
 
+/// Rows every rank's batch makes small: `Auto` routes every pass.
+const SMALL: Rows = |r, _| 1 + r;
+/// Rank 0's batch small beside its peers' large ones: alone, its rows would route and its
+/// peers' rotate; on the mean of the world's rows, `Auto` rotates every pass.
+const MIXED: Rows = |r, _| if r == 0 { 2 } else { 64 };
+/// Uneven rows whose mean puts the first Linear (64 -> 96) in the band where `Auto` rotates
+/// its forward and routes its backward, which then sends `x` (the owners do not hold it).
+const BAND: Rows = |r, n| match n {
+    2 => [20, 28][r],
+    3 => 18 + r,
+    _ => [14, 15, 16, 15][r],
+};
+
 /// Ranks may pass a Linear different numbers of rows (an uneven last batch): they agree
 /// every rank's shape first, so routing expects each peer's own rows and `Auto` decides each
-/// pass alike on every rank. Whether every rank's batch is small (`Auto` routes) or rank 0's
-/// alone is (before the agreement its rows would have routed and its peers' rotated), each
-/// mode gives rotation's bits on every rank: the output, dX and both weights' gradients.
+/// pass alike on every rank. Whether every rank's batch is small (`Auto` routes), rank 0's
+/// alone is (before the agreement its rows would have routed and its peers' rotated), or the
+/// mean falls between `Auto`'s forward and backward thresholds, each mode gives rotation's
+/// bits on every rank: the output, dX and both weights' gradients.
 #[test]
 fn ranks_with_unequal_rows_route_and_rotate_alike() {
-    let small: fn(usize) -> usize = |r| 1 + r;
-    let mixed: fn(usize) -> usize = |r| if r == 0 { 2 } else { 64 };
     for n in [2, 3, 4] {
-        for (name, rows) in [("small", small), ("mixed", mixed)] {
+        for (name, rows) in [("small", SMALL), ("mixed", MIXED), ("band", BAND)] {
             let rotated = uneven(n, Routing::Weights, rows);
             let routed = uneven(n, Routing::Activations, rows);
             let auto = uneven(n, Routing::Auto, rows);
@@ -229,17 +263,37 @@ fn ranks_with_unequal_rows_route_and_rotate_alike() {
                 // their shapes at each forward), all rotate the mixed ones (their mean rows
                 // weigh more than the weights) after one agreement of rows and features, at
                 // the first forward: the second decides from it, the backward reads them.
+                // In the band, the schedule is neither.
                 let agreed = |u: &Uneven| (u.exchanges + 1, u.message_bytes + 8 * (n - 1) as u64);
-                let expected = if name == "small" {
-                    (b.exchanges, b.message_bytes)
-                } else {
-                    agreed(a)
-                };
-                assert_eq!(
-                    (c.exchanges, c.message_bytes),
-                    expected,
-                    "{name} N={n} rank {r}: Auto's exchanges and bytes"
-                );
+                let got = (c.exchanges, c.message_bytes);
+                match name {
+                    "small" => assert_eq!(got, (b.exchanges, b.message_bytes), "{name} N={n}"),
+                    "mixed" => assert_eq!(got, agreed(a), "{name} N={n} rank {r}"),
+                    _ => {
+                        assert_ne!(got, agreed(a), "{name} N={n} rank {r}: all rotated");
+                        assert_ne!(c.message_bytes, b.message_bytes, "{name} N={n}: all routed");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Under balanced activation checkpointing the tanh between the Linears is recomputed, so the
+/// second one's input is released after the forward (with its peers' copies on the owners)
+/// and its backward runs as two passes. With unequal rows every routing still gives the bits
+/// of rotation without checkpointing, on every rank.
+#[test]
+fn unequal_rows_under_activation_checkpointing_give_rotations_bits() {
+    for n in [2, 3, 4] {
+        for (name, rows) in [("small", SMALL), ("mixed", MIXED), ("band", BAND)] {
+            let plain = uneven(n, Routing::Weights, rows);
+            for routing in [Routing::Weights, Routing::Activations, Routing::Auto] {
+                let balanced = uneven_with::<BalancedCheckpointing>(n, routing, rows);
+                for (r, (a, b)) in plain.iter().zip(&balanced).enumerate() {
+                    let results = |u: &Uneven| (u.out.clone(), u.dx.clone(), u.dw.clone());
+                    assert_eq!(results(a), results(b), "{name} N={n} {routing} rank {r}");
+                }
             }
         }
     }

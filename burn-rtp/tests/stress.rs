@@ -11,7 +11,7 @@
 
 mod common;
 
-use burn_rtp::{Chaos, RotationMode, RtpConfig, Strategy};
+use burn_rtp::{Chaos, RotationMode, Routing, RtpConfig, Strategy};
 use common::*;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -19,20 +19,20 @@ use std::sync::{Arc, Mutex};
 /// Worlds training at once, besides the busy threads.
 const PARALLEL_WORLDS: usize = 3;
 
-/// The configurations under test: every N, both rotation modes, and both baselines.
+/// The configurations under test: every N, both rotation modes with the weights rotating,
+/// the default (`Routing::Auto`, which routes the MLP), and both baselines.
 fn configs() -> Vec<RtpConfig> {
     let mut out = Vec::new();
     for n in [2, 3, 4, 8] {
-        out.push(
-            RtpConfig::new(n)
-                .with_shard_threshold(0)
-                .with_rotation(RotationMode::OutOfPlace),
-        );
-        out.push(
-            RtpConfig::new(n)
-                .with_shard_threshold(0)
-                .with_rotation(RotationMode::InPlace),
-        );
+        for mode in [RotationMode::OutOfPlace, RotationMode::InPlace] {
+            out.push(
+                RtpConfig::new(n)
+                    .with_shard_threshold(0)
+                    .with_rotation(mode)
+                    .with_routing(Routing::Weights),
+            );
+        }
+        out.push(RtpConfig::new(n).with_shard_threshold(0));
         out.push(
             RtpConfig::new(n)
                 .with_shard_threshold(0)
@@ -48,7 +48,10 @@ fn configs() -> Vec<RtpConfig> {
 }
 
 fn label(c: &RtpConfig) -> String {
-    format!("N={} {} {}", c.world_size, c.strategy, c.rotation)
+    format!(
+        "N={} {} {} {}",
+        c.world_size, c.strategy, c.rotation, c.routing
+    )
 }
 
 /// Threads that spin until dropped, so that ranks get descheduled at arbitrary points.

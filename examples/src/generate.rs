@@ -3,6 +3,8 @@
 //! attention still scores it against every cached position). Under `Rtp` with
 //! `Routing::Auto` a decode step has one row per rank, so every Linear routes its activations
 //! to the shards' owners and no Linear weight moves per token (the embeddings still rotate).
+//! After a prompt or refill whose rows make `Auto` rotate, up to 32 Linear forwards may still
+//! rotate, deciding from those rows before the ranks agree again.
 //!
 //! The model's context is fixed (its position embedding): when the cache is full, the newest
 //! half of the window is kept and fills a fresh cache, so a long generation re-reads half a

@@ -13,7 +13,12 @@
 //! * **an agreement now** ([`routed::agree_dims`](super::routed::agree_dims)): one small
 //!   all-gather of every rank's input shape, which every pass that routes needs.
 //!
-//! Every rank runs the same graph, so every rank takes each of these at the same passes.
+//! Every rank runs the same graph, so every rank takes each of these at the same passes. The
+//! records are found by the identity of `x`, so this assumes that an op makes a new tensor,
+//! or not, alike on every rank: an op that returned its input unchanged on some ranks only
+//! (a slice covering the whole of one rank's rows) would make those ranks find a record the
+//! others do not, and their next exchanges would fail with a typed error (a `Desync` naming
+//! both messages, or the peer timeout) rather than mix data.
 
 use crate::backend::pairing::{Agreed, PeerInputs, WorldDims};
 use crate::backend::rank::RankCtx;

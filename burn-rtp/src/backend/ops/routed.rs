@@ -50,7 +50,8 @@ use std::sync::Arc;
 /// Every rank's `dims` (its input to one Linear), in rank order, from one small all-gather:
 /// what routing expects from each peer, and the rows `Auto` decides on, the same on every
 /// rank. A shape of another rank that differs in anything but its rows is `RtpError::Desync`
-/// in the exchanges that follow, naming both.
+/// in the exchanges that follow, naming both. The values travel as a tensor of the inner
+/// backend, so on a GPU each agreement is a round trip to the device.
 pub(super) fn agree_dims<B: Backend>(ctx: &RankCtx<B>, dims: &[usize]) -> WorldDims {
     // Floats carry integers exactly below 2^24, far above any one dimension of an input.
     let values = dims

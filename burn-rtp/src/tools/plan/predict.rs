@@ -99,7 +99,11 @@ impl Planner {
             (ActivationCheckpointing::Balanced, Some((_, split))) => split,
             _ => &self.split,
         };
-        let routed = self.routed(strategy, world, batch);
+        let recomputed: &[Shape] = match checkpointing {
+            ActivationCheckpointing::Balanced => split,
+            ActivationCheckpointing::None => &[],
+        };
+        let routed = self.routed(strategy, world, batch, recomputed);
         let rotating = self.buffers_of(strategy, world, split, &routed.weights);
         let buffers = Buffers {
             forward: rotating.forward.max(routed.forward),

@@ -9,12 +9,20 @@
 //!
 //! * a routed forward's owner keeps its `N - 1` peers' inputs, `(N - 1) · rows · d_in`
 //!   elements, until the backward (once per input: Linears fed the same one share it); all
-//!   are alive at the end of the forward and the start of the backward;
+//!   are alive at the end of the forward and the start of the backward. Under activation
+//!   checkpointing an input autodiff recomputes (its weight's backward ran as two passes in
+//!   the probe) is released with its peers' copies, and the backward receives it again;
 //! * a routed forward holds the column blocks it computes for every rank and those it
-//!   receives, about `(2 - 1/N) · rows · d_out`; a routed backward the dX partials it computes
-//!   for every rank and those it receives, `(2N - 1) · rows · d_in`, beside `dy`'s columns
-//!   received, `(N - 1)/N · rows · d_out`;
+//!   receives, about `(2 - 1/N) · rows · d_out`. A routed backward first holds `dy`'s columns
+//!   received, `(N - 1)/N · rows · d_out`, the inputs received where the owner no longer
+//!   holds them, `(N - 1) · rows · d_in`, and the dX partials it computes for every rank,
+//!   `N · rows · d_in`; then those partials and the ones it receives, `(2N - 1) · rows · d_in`;
 //! * a weight whose every pass routes never rotates, so it leaves rotation's buffers.
+//!
+//! Every backward is taken to compute dX and dW (a model's first Linear, fed data, computes
+//! dW only, and may decide otherwise). The probe's step must step through
+//! [`RtpOptimizer`](crate::RtpOptimizer), which marks where a step ends: otherwise it sees
+//! every step's forwards, and counts each input as often.
 
 use super::*;
 use crate::backend::pairing::LinearCall;
@@ -84,8 +92,16 @@ pub(super) struct RoutedPasses {
 }
 
 impl Planner {
-    /// What routing adds under `strategy` at `world` ranks and `batch` samples per rank.
-    pub(super) fn routed(&self, strategy: Strategy, world: usize, batch: usize) -> RoutedPasses {
+    /// What routing adds under `strategy` at `world` ranks and `batch` samples per rank,
+    /// where the weights of shapes `recomputed` have their input recomputed (activation
+    /// checkpointing).
+    pub(super) fn routed(
+        &self,
+        strategy: Strategy,
+        world: usize,
+        batch: usize,
+        recomputed: &[Shape],
+    ) -> RoutedPasses {
         let mut out = RoutedPasses::default();
         let routing = self.config.routing;
         if strategy != Strategy::Rtp || world < 2 || routing == Routing::Weights {
@@ -107,10 +123,13 @@ impl Planner {
                 backward,
                 x_on_owners,
             };
+            let shape = Shape::new([c.d_in, c.d_out]);
+            let released = recomputed.contains(&shape);
             let on_owners = c.shares_x && group_routed;
             let forward = routes(routing, &pass(None, on_owners), world);
-            let backward = routes(routing, &pass(Some((true, true)), forward), world);
-            if forward && !on_owners {
+            let kept = forward && !released;
+            let backward = routes(routing, &pass(Some((true, true)), kept), world);
+            if forward && !on_owners && !released {
                 out.kept += bytes((n - 1.0) * rows * d_in);
             }
             group_routed = forward || on_owners;
@@ -118,10 +137,11 @@ impl Planner {
                 out.forward = out.forward.max(bytes((2.0 - 1.0 / n) * rows * d_out));
             }
             if backward {
-                let partials = (2.0 * n - 1.0) * rows * d_in;
-                out.backward = (out.backward).max(bytes(partials + (n - 1.0) / n * rows * d_out));
+                let x_in = if kept { 0.0 } else { (n - 1.0) * rows * d_in };
+                let received = (n - 1.0) / n * rows * d_out + x_in + n * rows * d_in;
+                let exchanged = (2.0 * n - 1.0) * rows * d_in;
+                out.backward = out.backward.max(bytes(received.max(exchanged)));
             }
-            let shape = Shape::new([c.d_in, c.d_out]);
             let list = if forward && backward {
                 &mut out.weights
             } else {
